@@ -1,0 +1,171 @@
+"""Per-stream record assembly: typed lines of ONE rank in, complete step records out.
+
+What it adds to the line parsers:
+
+- joins the r0.7+ two-line record (head + progress bar) and the r0.2-r0.6 step line with the
+  epoch-end line that carries its true per-step time in sink mode;
+- computes the global step ``(epoch - base) * steps_per_epoch + step`` (PyNative steps are
+  already global; the experimental trainer's epoch-local steps continue across epochs);
+- attaches eval, checkpoint and lifecycle lines to the step of the last training step.
+
+A held line (a head waiting for its bar) is released by its companion, by the next record,
+by :meth:`flush_due` after ``companion_wait`` seconds, or by :meth:`flush` at end of input.
+:attr:`pending_offset` tells the caller where the oldest held line starts, so an offset
+checkpoint never skips a line whose record has not been emitted yet. Time is passed in,
+never read, so the class stays pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsers import tags
+from parsers.records import (
+    BarLine,
+    CheckpointLine,
+    EpochEndLine,
+    ErrorLine,
+    EvalLine,
+    Family,
+    MarkerLine,
+    MonitorLine,
+    ParsedLine,
+    PipelineLine,
+    Record,
+    StepLine,
+)
+
+ERROR_TAG = "events/error"
+
+
+@dataclass(slots=True)
+class _Held:
+    record: Record
+    offset: int
+    since: float
+    wants: type  # BarLine or EpochEndLine
+
+
+class StreamAssembler:
+    """Assembles one rank's records from one source; see the module docstring."""
+
+    def __init__(self, companion_wait: float = 0.5) -> None:
+        self.companion_wait = companion_wait
+        self.last_step = 0
+        self.last_wall: float | None = None
+        self.family: Family | None = None
+        self.pipeline: PipelineLine | None = None
+        self._held: _Held | None = None
+        self._r0_epoch_end: bool | None = None  # does this stream print epoch-end lines?
+        self._exp_epoch = -1
+        self._exp_offset = 0
+
+    @property
+    def pending_offset(self) -> int | None:
+        return None if self._held is None else self._held.offset
+
+    def snapshot(self) -> dict[str, int]:
+        """The state a restarted reader needs to number steps exactly as before."""
+        return {"last_step": self.last_step, "exp_epoch": self._exp_epoch, "exp_offset": self._exp_offset}
+
+    def restore(self, snap: dict[str, int]) -> None:
+        self.last_step = int(snap.get("last_step", 0))
+        self._exp_epoch = int(snap.get("exp_epoch", -1))
+        self._exp_offset = int(snap.get("exp_offset", 0))
+
+    def feed(self, parsed: ParsedLine | None, timestamp: float | None, offset: int, now: float) -> list[Record]:
+        if timestamp is not None:
+            self.last_wall = timestamp
+        if parsed is None:
+            return []
+        wall = timestamp if timestamp is not None else self.last_wall
+        out: list[Record] = []
+        if isinstance(parsed, BarLine):
+            if self._held is not None and self._held.wants is BarLine:
+                self._held.record.scalars[tags.THROUGHPUT] = parsed.throughput
+                out.append(self._release())
+            return out
+        if isinstance(parsed, EpochEndLine):
+            if self._held is not None and self._held.wants is EpochEndLine:
+                self._r0_epoch_end = True
+                self._held.record.scalars[tags.ITERATION_TIME] = parsed.per_step_ms
+                out.append(self._release())
+            return out
+        if isinstance(parsed, MonitorLine):
+            step = (parsed.epoch - 1) * parsed.steps + parsed.step
+            return [Record(step, wall, {parsed.tag: parsed.value})]
+        if isinstance(parsed, PipelineLine):
+            self.pipeline = parsed
+            return []
+        if self._held is not None:
+            if isinstance(parsed, StepLine) and self._held.wants is EpochEndLine:
+                self._learn_no_epoch_end()
+            out.append(self._release())
+        if isinstance(parsed, StepLine):
+            out.extend(self._step(parsed, wall, offset, now))
+        elif isinstance(parsed, EvalLine):
+            scalars = dict(parsed.scalars)
+            if parsed.seconds is not None:
+                scalars[tags.EVAL_TIME] = parsed.seconds
+            out.append(Record(self.last_step, wall, scalars))
+        elif isinstance(parsed, CheckpointLine):
+            scalars = {} if parsed.seconds is None else {tags.CHECKPOINT_SAVE_TIME: parsed.seconds}
+            out.append(Record(self.last_step, wall, scalars, {tags.TEXT_CHECKPOINT: parsed.text}))
+        elif isinstance(parsed, MarkerLine):
+            out.append(Record(self.last_step, wall, texts={f"events/{parsed.kind.value}": parsed.text}))
+        elif isinstance(parsed, ErrorLine):
+            out.append(Record(self.last_step, wall, texts={ERROR_TAG: parsed.text}))
+        return out
+
+    def flush_due(self, now: float) -> list[Record]:
+        if self._held is not None and now - self._held.since >= self.companion_wait:
+            if self._held.wants is EpochEndLine:
+                self._learn_no_epoch_end()
+            return [self._release()]
+        return []
+
+    def flush(self) -> list[Record]:
+        return [self._release()] if self._held is not None else []
+
+    def _step(self, line: StepLine, wall: float | None, offset: int, now: float) -> list[Record]:
+        self.family = line.family
+        step = self._global_step(line)
+        self.last_step = step
+        record = Record(
+            step,
+            wall,
+            line.scalars,
+            training_step=True,
+            family=line.family,
+            overflow=line.overflow,
+            loss_not_available=line.loss_not_available,
+        )
+        if line.needs_bar:
+            self._held = _Held(record, offset, now, BarLine)
+            return []
+        if line.family is Family.R0X and self._r0_epoch_end is not False:
+            self._held = _Held(record, offset, now, EpochEndLine)
+            return []
+        return [record]
+
+    def _global_step(self, line: StepLine) -> int:
+        if line.epoch is None:
+            return line.step
+        if line.steps is not None:
+            return (line.epoch - line.epoch_base) * line.steps + line.step
+        # Experimental trainer: epoch-local steps of unknown epoch length continue the count.
+        if line.epoch != self._exp_epoch:
+            if self._exp_epoch >= 0 and line.step <= self.last_step - self._exp_offset:
+                self._exp_offset = self.last_step
+            self._exp_epoch = line.epoch
+        return self._exp_offset + line.step
+
+    def _learn_no_epoch_end(self) -> None:
+        if self._r0_epoch_end is None:  # once seen, a late epoch-end line does not unlearn it
+            self._r0_epoch_end = False
+
+    def _release(self) -> Record:
+        held = self._held
+        assert held is not None
+        self._held = None
+        return held.record

@@ -1,0 +1,95 @@
+"""Logger prefixes: split a raw line into timestamp, level and message.
+
+mindformers has two prefix shapes (``mindformers-log-formats.md`` §8), and docs often show
+trimmed variants; msrun worker logs also carry foreign lines (MindSpore native, CANN, MindIO)
+that must be recognised quickly and never parsed as metrics.
+
+    stdout: 2024-06-18 02:41:09,377 - mindformers[mindformers/core/callback/callback.py:318] - INFO - msg
+    file:   [INFO] 2024-06-18 02:41:09,377 [mindformers/core/callback/callback.py:318] print_output_info: msg
+    native: [WARNING] ME(41872:1402155,MainProcess):2025-09-03-11:20:45.118.602 [path:1530] msg
+
+Timestamps are local time without a zone, as the training host wrote them.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+_LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
+_TS = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
+_FILE = re.compile(rf"\[({_LEVELS})\] ({_TS}) \[[^\]]*\] [\w<>.]*: ?(.*)", re.S)
+_STDOUT = re.compile(rf"(?:({_TS}) )?(?:- )?(?:\S.*? - )?({_LEVELS}) - (.*)", re.S)
+_STDOUT_FAST = re.compile(rf"({_TS}) - .*? - ({_LEVELS}) - (.*)", re.S)
+# MindSpore native `[LEVEL] MOD(`, CANN `EZ9999[PID:`, MindIO `<date> <time>.uuuuuu level pid [TTP`.
+_FOREIGN = re.compile(
+    rf"\[(?:{_LEVELS})\] [A-Z_]+\(|[A-Z]{{2}}\d{{4}}\[PID|\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{6}} "
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One line with its prefix removed. ``foreign`` lines are not mindformers' own."""
+
+    text: str
+    timestamp: float | None = None
+    level: str | None = None
+    foreign: bool = False
+
+
+class PrefixSplitter:
+    """Strips prefixes; caches the last timestamp's second, since consecutive lines share it."""
+
+    __slots__ = ("_last_second", "_last_epoch")
+
+    def __init__(self) -> None:
+        self._last_second = ""
+        self._last_epoch = 0.0
+
+    def split(self, line: str) -> Message:
+        first = line[:1]
+        if first == "[":
+            m = _FILE.match(line)
+            if m:
+                return Message(m.group(3), self._timestamp(m.group(2)), m.group(1))
+            if _FOREIGN.match(line):
+                return Message(line, None, _native_level(line), foreign=True)
+        elif first.isdigit():
+            m = _STDOUT_FAST.match(line)
+            if m:
+                return Message(m.group(3), self._timestamp(m.group(1)), m.group(2))
+            if _FOREIGN.match(line):
+                return Message(line, None, None, foreign=True)
+        elif first == "E" and _FOREIGN.match(line):
+            return Message(line, None, "ERROR", foreign=True)
+        if " - " in line[:200]:
+            m = _STDOUT.match(line)
+            if m:
+                ts = m.group(1)
+                return Message(m.group(3), self._timestamp(ts) if ts else None, m.group(2))
+        return Message(line)
+
+    def _timestamp(self, ts: str) -> float:
+        second = ts[:19]
+        if second != self._last_second:
+            self._last_epoch = time.mktime(
+                (
+                    int(second[0:4]),
+                    int(second[5:7]),
+                    int(second[8:10]),
+                    int(second[11:13]),
+                    int(second[14:16]),
+                    int(second[17:19]),
+                    0,
+                    0,
+                    -1,
+                )
+            )
+            self._last_second = second
+        return self._last_epoch + int(ts[20:23]) / 1000.0
+
+
+def _native_level(line: str) -> str | None:
+    end = line.find("]")
+    return line[1:end] if end > 0 else None

@@ -1,0 +1,77 @@
+"""Splitting a combined stream by rank, from the labels launchers put in front of lines.
+
+mindformers lines never name their rank. When several ranks share one stream, the launcher's
+label is the only reliable tag:
+
+- Slurm ``srun --label``: ``3: <line>`` (task ids may be space-padded);
+- OpenMPI ``--tag-output``: ``[1,3]<stdout>:<line>`` (job id, rank);
+- ``tail -f`` over many files: a ``==> .../worker_3.log <==`` header names the file of the
+  lines that follow;
+- a user pattern with a named group ``rank`` (everything after the match is the line).
+
+The label style is detected per file from its first labelled line and then kept, so ordinary
+lines that happen to start with ``12: `` are never mistaken for labels in unlabelled files.
+Unlabelled lines in a labelled stream (tracebacks, pretty-printed config) continue the record of
+the last labelled rank.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePath
+
+_SRUN = re.compile(r" *(\d+): (.*)", re.S)
+_MPI = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)", re.S)
+_TAIL_HEADER = re.compile(r"==> (.+) <==\s*$")
+# An srun label is only believed in front of something that looks like a log line.
+_LOGGISH = re.compile(r"\d{4}-\d\d-\d\d |\[[A-Z]+\] |\{ |Epoch|- [A-Z]+ - |[A-Z]{2}\d{4}\[")
+_RANK_IN_PATH = re.compile(r"rank_(\d+)|worker_(\d+)|mf_parallel(\d+)")
+
+
+class RankRouter:
+    """Maps each line of one file to ``(rank, line without its label)``."""
+
+    def __init__(self, default_rank: int, pattern: str | None = None) -> None:
+        self.default_rank = default_rank
+        self.current = default_rank
+        self.style: str | None = None
+        self._user = re.compile(pattern) if pattern else None
+        if self._user is not None and "rank" not in self._user.groupindex:
+            raise ValueError("the rank pattern needs a named group (?P<rank>...)")
+
+    def route(self, line: str) -> tuple[int, str]:
+        if self._user is not None:
+            m = self._user.match(line)
+            if m:
+                self.current = int(m.group("rank"))
+                return self.current, line[m.end():]
+            return self.current, line
+        style = self.style
+        if style is None or style == "mpi":
+            m = _MPI.match(line)
+            if m:
+                self.style = "mpi"
+                self.current = int(m.group(1))
+                return self.current, m.group(2)
+        if style is None or style == "tail":
+            m = _TAIL_HEADER.match(line)
+            if m:
+                self.style = "tail"
+                rank = _rank_in_path(m.group(1))
+                self.current = self.default_rank if rank is None else rank
+                return self.current, ""
+        if style is None or style == "srun":
+            m = _SRUN.match(line)
+            if m and (style == "srun" or _LOGGISH.match(m.group(2))):
+                self.style = "srun"
+                self.current = int(m.group(1))
+                return self.current, m.group(2)
+        return self.current, line
+
+
+def _rank_in_path(path: str) -> int | None:
+    for part in reversed(PurePath(path.strip()).parts):
+        m = _RANK_IN_PATH.search(part)
+        if m:
+            return int(next(g for g in m.groups() if g is not None))
+    return None

@@ -1,0 +1,114 @@
+"""Step-record lines of every mindformers version (``mindformers-log-formats.md`` §2-§4).
+
+Three families share one tolerant key/value tail parser:
+
+- r0.2-r0.6 ``Epoch:[e/E], step:[s/S], loss:[cur/avg], time:X ms, lr:..., overflow cond: ..``
+  (r0.2 has no ``overflow cond`` and prints 0-based epochs);
+- r0.7+ graph trainer ``{ Epoch:[e/E], step:[s/S], loss: X, per_step_time: Nms, ...`` whose
+  progress bar ``  12.0% |███   | 6.81 samples/s/p  3:04:05 }`` follows on its own line;
+- v1.9+ PyNative ``{ step:[s/S], loss: X, per_step_time: Nms, ..., throughput: T }`` (global step),
+  and the v1.3-v1.6 experimental ``Epoch: e, Step: s, Loss: X, ..., Time: X ms``.
+
+TrainingStateMonitor lines also start ``Epoch:[`` but have no comma after ``step:[...]``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from parsers.records import BarLine, EpochEndLine, Family, MonitorLine, StepLine
+from parsers.tags import sanitize_tag, tag_for_key
+from parsers.values import parse_bool, parse_number, split_fields
+
+_EPOCH_STEP = re.compile(r"\{? ?Epoch:\[\s*(-?\d+)/\s*(\d+)\], step:\[\s*(\d+)/\s*(\d+)\](,? ?)(.*)", re.S)
+_PYNATIVE = re.compile(r"\{ step:\[\s*(\d+)/\s*(\d+)\], (.*?)\s*\}?\s*$", re.S)
+_EXPERIMENTAL = re.compile(r"(?:train: )?Epoch: ?(\d+), Step: ?(\d+), (Loss: ?.*)", re.S)
+_MONITOR_TAIL = re.compile(r"(\S[^:]*?): (.+)")
+_EPOCH_END = re.compile(
+    r"(?:Epoch time|Per sink_size step time): \S+ ms, per step time: (\S+) ms", re.S
+)
+_PP_PLACEHOLDER_NORM = "NaN"  # PyNative prints this literal when no norm was supplied
+
+
+def parse_epoch_line(text: str) -> StepLine | MonitorLine | None:
+    """``Epoch:[..`` / ``{ Epoch:[..`` lines: r0.x steps, graph heads, monitor lines."""
+    m = _EPOCH_STEP.match(text)
+    if m is None:
+        return None
+    epoch, epochs, step, steps = (int(m.group(i)) for i in range(1, 5))
+    comma, tail = m.group(5), m.group(6)
+    if not comma.startswith(","):
+        mm = _MONITOR_TAIL.match(tail)
+        if mm is None:
+            return None
+        value = parse_number(mm.group(2))
+        if value is None:
+            return None
+        return MonitorLine(epoch, steps, step, sanitize_tag(mm.group(1)), value)
+    fields = split_fields(tail)
+    head = text.startswith("{")
+    line = _from_fields(Family.GRAPH if head else Family.R0X, step, epoch, steps, fields)
+    line.needs_bar = head
+    if not head and not any(k == "overflow cond" for k, _ in fields):
+        line.epoch_base = 0  # r0.2 prints cur_epoch_num - 1
+    return line
+
+
+def parse_pynative_line(text: str) -> StepLine | None:
+    m = _PYNATIVE.match(text)
+    if m is None:
+        return None
+    return _from_fields(Family.PYNATIVE, int(m.group(1)), None, None, split_fields(m.group(3)))
+
+
+def parse_experimental_line(text: str) -> StepLine | None:
+    m = _EXPERIMENTAL.match(text)
+    if m is None:
+        return None
+    line = _from_fields(Family.EXPERIMENTAL, int(m.group(2)), int(m.group(1)), None, split_fields(m.group(3)))
+    line.epoch_base = 0
+    return line
+
+
+def parse_bar_line(text: str) -> BarLine | None:
+    """The progress bar: ``  %4.1f%% |...| %.5f samples/s/p  ETA }``."""
+    end = text.find(" samples/s/p")
+    if end < 0 or not text.rstrip().endswith("}"):
+        return None
+    value = parse_number(text[:end].rsplit(" ", 1)[-1])
+    return None if value is None else BarLine(value)
+
+
+def parse_epoch_end_line(text: str) -> EpochEndLine | None:
+    m = _EPOCH_END.match(text)
+    if m is None:
+        return None
+    value = parse_number(m.group(1))
+    return None if value is None else EpochEndLine(value)
+
+
+def _from_fields(
+    family: Family, step: int, epoch: int | None, steps: int | None, fields: list[tuple[str, str]]
+) -> StepLine:
+    scalars: dict[str, float] = {}
+    line = StepLine(family, step, epoch, steps, scalars)
+    for key, raw in fields:
+        if key == "overflow cond" or key == "finite_grads":
+            flag = parse_bool(raw)
+            line.overflow = bool(flag) if key == "overflow cond" else flag is False
+            continue
+        tag = tag_for_key(key)
+        if tag is None:
+            continue
+        if key == "loss":
+            if raw.startswith("N/A"):
+                line.loss_not_available = True
+                continue
+            if raw.startswith("[") and "/" in raw:
+                raw = raw[1:].split("/", 1)[0]  # loss:[cur/avg]
+        elif key == "grad_norm" and raw == _PP_PLACEHOLDER_NORM:
+            continue
+        value = parse_number(raw)
+        if value is not None:
+            scalars[tag] = value
+    return line

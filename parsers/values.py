@@ -1,0 +1,85 @@
+"""The value grammar of mindformers step records, and the field splitter.
+
+Values arrive as ``str()`` of Python/numpy objects: ``2.5``, ``  nan``, ``[1.5624999e-05]``,
+``[0.51 0.49]``, ``None``, ``unavailable``, ``1893ms``, ``488.201 ms``, ``238.114T``,
+``(2.5e-06,2.5e-06,)``. Anything that is not exactly one number is "no value", never a guess.
+"""
+
+from __future__ import annotations
+
+import math
+
+_NON_NUMBERS = frozenset({"", "none", "unavailable", "n/a"})
+_UNIT_SUFFIXES = ("ms", "T", "s")
+
+
+def parse_number(text: str) -> float | None:
+    """One number from a printed value, or ``None`` when it is not exactly one number."""
+    s = text.strip()
+    if s[:1] in "[(":
+        s = s[1:-1].strip() if s[-1:] in "])" else s[1:].strip()
+        if s.endswith(","):  # a one-element tuple, or the experimental trainer's lr tuple
+            s = s[:-1]
+        if "," in s:
+            s = s.split(",", 1)[0]
+        elif " " in s:
+            return None  # a multi-element numpy array
+    for suffix in _UNIT_SUFFIXES:
+        if s.endswith(suffix) and len(s) > len(suffix):
+            s = s[: -len(suffix)].rstrip()
+            break
+    if s.lower() in _NON_NUMBERS:
+        return None
+    try:
+        value = float(s)
+    except ValueError:
+        return None
+    return value
+
+
+def parse_bool(text: str) -> bool | None:
+    """``True``/``False`` or numpy's ``[ True]``; ``None`` for anything else."""
+    s = text.strip(" []")
+    if s == "True":
+        return True
+    if s == "False":
+        return False
+    return None
+
+
+def is_finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def split_fields(text: str) -> list[tuple[str, str]]:
+    """Split ``key: value, key:value, ...`` into pairs, ignoring commas inside ``[]``/``()``.
+
+    Keys are returned lower-cased (``Loss_scale`` -> ``loss_scale``); a part without a colon
+    gets the empty key. Unknown keys are kept: new ones appear release by release.
+    """
+    pairs: list[tuple[str, str]] = []
+    depth = 0
+    start = 0
+    n = len(text)
+    i = 0
+    while i < n:
+        c = text[i]
+        if c in "[(":
+            depth += 1
+        elif c in "])":
+            depth = max(depth - 1, 0)
+        elif c == "," and depth == 0 and i + 1 < n and text[i + 1] == " ":
+            pairs.append(_pair(text[start:i]))
+            start = i + 2
+            i += 1
+        i += 1
+    if start < n:
+        pairs.append(_pair(text[start:]))
+    return pairs
+
+
+def _pair(part: str) -> tuple[str, str]:
+    key, sep, value = part.partition(":")
+    if not sep:
+        return "", part.strip()
+    return key.strip().lower(), value.strip()

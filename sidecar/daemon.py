@@ -1,0 +1,134 @@
+"""The live loop behind ``mstb-sidecar --watch PATH --out DIR``.
+
+One thread does everything (scan, read, parse, write, checkpoint), so there is no queue to
+overflow and no writer thread to die silently; back-pressure is simply that a slow disk slows
+reading, and offsets only advance past what was written. Each iteration:
+
+    rescan (every --rescan-interval) -> read new bytes of every file -> release held records
+    -> make events visible (write) -> checkpoint (every --checkpoint-interval: fsync, then state)
+    -> ping the watchdog -> wait for a file event or --poll-interval
+
+SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, exit 0.
+SIGHUP: rescan now and reopen every file by path. A write error (disk full, read-only) ends the
+process with status 1 before any checkpoint could claim the failed events, so a restart after
+the fix loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from sidecar.config import SidecarConfig
+from sidecar.engine import Engine
+from sidecar.notify import Notifier
+from sidecar.replay import settings_from
+from sidecar.wakeup import WakeUp
+
+log = logging.getLogger(__name__)
+
+READ_BUDGET = 1 << 20
+
+
+class _Signals:
+    def __init__(self, wake: threading.Event) -> None:
+        self.stop = False
+        self.reload = False
+        self._wake = wake
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_reload)
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stop = True
+        self._wake.set()
+
+    def _on_reload(self, signum: int, frame: FrameType | None) -> None:
+        self.reload = True
+        self._wake.set()
+
+
+def _status(engine: Engine) -> str:
+    sources = list(engine.sources.values())
+    lag = sum(max(s.tail.size - s.tail.offset, 0) for s in sources)
+    steps = [r.stats.last_step for r in engine.ranks.values() if r.stats.last_step is not None]
+    last = f", last step {max(steps)}" if steps else ""
+    return f"following {len(sources)} file(s), {len(engine.ranks)} rank(s){last}, lag {lag} bytes"
+
+
+def run_daemon(config: SidecarConfig) -> int:
+    engine = Engine(settings_from(config))
+    notifier = Notifier()
+    wake = WakeUp(config.paths, config.out, config.poll)
+    signals = _Signals(wake.event)
+    if config.metrics_port is not None:
+        from sidecar.metrics import serve
+
+        serve(engine, config.metrics_host, config.metrics_port)
+    try:
+        engine.scan()
+        log.info("watching %s (%s) -> %s; %d file(s) so far",
+                 ", ".join(map(str, config.paths)), wake.mode, config.out, len(engine.sources))
+        notifier.ready(_status(engine))
+        _loop(engine, config, notifier, wake, signals)
+        notifier.stopping()
+        _drain(engine, config.drain_timeout)
+        engine.checkpoint()
+    except OSError:
+        _abandon(engine)
+        raise
+    finally:
+        wake.stop()
+    engine.close()
+    log.info("stopped: %s", _status(engine))
+    return 0
+
+
+def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeUp, signals: _Signals) -> None:
+    next_scan = next_checkpoint = time.monotonic()
+    dirty = False
+    while not signals.stop:
+        now = time.monotonic()
+        if signals.reload:
+            signals.reload = False
+            log.info("SIGHUP: rescanning and reopening files")
+            for source in engine.sources.values():
+                source.tail.close()
+            next_scan = now
+        if now >= next_scan:
+            engine.scan()
+            engine.forget_gone(config.rotate_quiet)
+            next_scan = now + config.rescan_interval
+        read = engine.pump(READ_BUDGET, now)
+        engine.tick(now)
+        engine.flush()
+        dirty = dirty or read > 0
+        if dirty and now >= next_checkpoint:
+            engine.checkpoint()
+            dirty = False
+            next_checkpoint = now + config.checkpoint_interval
+        notifier.status(_status(engine))
+        notifier.healthy()
+        if read == 0:
+            wake.wait(config.poll_interval)
+
+
+def _drain(engine: Engine, timeout: float) -> None:
+    """Read what the files hold right now (the trainer's last lines), within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    engine.scan()
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if engine.pump(READ_BUDGET, now) == 0:
+            break
+    engine.tick(time.monotonic())
+
+
+def _abandon(engine: Engine) -> None:
+    for rank in engine.ranks.values():
+        rank.writer.abandon()
+    for source in engine.sources.values():
+        source.tail.close()

@@ -1,0 +1,116 @@
+"""One TensorBoard event file, written synchronously with a real durability barrier.
+
+Why not tensorboardX's ``SummaryWriter``: its ``flush()`` does not drain its queue, its writer
+thread dies silently on ENOSPC (later adds block forever), and its file name (epoch seconds +
+hostname, opened ``'wb'``) lets two writers in one second truncate each other. This class keeps
+tensorboardX's protos and CRC but owns the file:
+
+- the file is created with ``O_EXCL`` and never truncated or reopened;
+- its name sorts after every event file already in the run directory, even if the clock went
+  back, because TensorBoard reads a run's files in name order and later records win;
+- ``write`` only buffers; ``flush`` hands bytes to the kernel (visible to TensorBoard);
+  ``sync`` adds ``fsync`` (durable). A failed write is trimmed back to the last whole record, so
+  the file never ends in garbage that a later reader would choke on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from pathlib import Path
+
+from tensorboardX.proto import event_pb2
+
+from sidecar.tfrecord import frame
+
+PREFIX = "events.out.tfevents."
+_NAME = re.compile(r"events\.out\.tfevents\.(\d+)\.")
+_HOST_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
+_counter = 0
+
+
+def event_files(run_dir: Path) -> list[Path]:
+    """Event files of a run directory in TensorBoard's reading order (by name)."""
+    try:
+        names = sorted(n for n in os.listdir(run_dir) if "tfevents" in n)
+    except FileNotFoundError:
+        return []
+    return [run_dir / n for n in names]
+
+
+def next_file_name(run_dir: Path, now: float | None = None) -> str:
+    """A name that sorts after every existing event file in ``run_dir``."""
+    global _counter
+    _counter += 1
+    seconds = int(time.time() if now is None else now)
+    existing = event_files(run_dir)
+    if existing:
+        m = _NAME.match(existing[-1].name)
+        newest = int(m.group(1)) if m else 0
+        candidate = _name(seconds, _counter)
+        if candidate <= existing[-1].name:
+            seconds = max(seconds, newest + 1)
+    return _name(seconds, _counter)
+
+
+def _name(seconds: int, counter: int) -> str:
+    host = _HOST_UNSAFE.sub("_", socket.gethostname())[:64] or "host"
+    return f"{PREFIX}{seconds:010d}.{host}.{os.getpid()}.{counter}.mstb"
+
+
+class EventFileWriter:
+    """Appends framed ``Event`` records to a brand-new file; see the module docstring."""
+
+    def __init__(self, run_dir: Path, wall_time: float) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / next_file_name(run_dir)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._buffer: list[bytes] = []
+        self._durable_size = 0
+        self.size = 0
+        self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2"))
+
+    def write(self, event: event_pb2.Event) -> None:
+        self._buffer.append(frame(event.SerializeToString()))
+
+    def flush(self) -> None:
+        """Hand buffered records to the kernel; on error trim the partial write and re-raise."""
+        if not self._buffer:
+            return
+        data = b"".join(self._buffer)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError:
+            self._trim()
+            raise
+        self._buffer.clear()
+        self.size += len(data)
+
+    def sync(self) -> None:
+        """Flush, then fsync: after this returns every written record survives a crash."""
+        self.flush()
+        if self._durable_size != self.size:
+            os.fsync(self._fd)
+            self._durable_size = self.size
+
+    def close(self) -> None:
+        try:
+            self.sync()
+        finally:
+            os.close(self._fd)
+
+    def abandon(self) -> None:
+        """Close without writing what is still buffered (after a write error)."""
+        self._buffer.clear()
+        os.close(self._fd)
+
+    def _trim(self) -> None:
+        try:
+            os.ftruncate(self._fd, self.size)
+        except OSError:
+            pass  # the disk is failing anyway; readers skip a truncated last record

@@ -1,0 +1,69 @@
+"""``mstb-sidecar replay``: read every log once, write the runs, print a summary, exit.
+
+Replay is the daemon's engine run to the end of the input: the same checkpoint makes a second
+replay of the same logs add nothing, and a replay after the logs grew add only the new steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from tqdm import tqdm
+
+from sidecar.config import SidecarConfig
+from sidecar.engine import Engine, Settings
+from sidecar.report import summary
+
+log = logging.getLogger(__name__)
+
+READ_BUDGET = 4 << 20
+CHECKPOINT_EVERY = 5.0
+
+
+def settings_from(config: SidecarConfig) -> Settings:
+    return Settings(
+        out=config.out,
+        roots=config.paths,
+        default_rank=config.rank,
+        instance=config.instance,
+        from_end=config.from_end,
+        max_line=config.max_line_bytes,
+        companion_wait=config.companion_wait,
+        rank_pattern=config.rank_pattern,
+    )
+
+
+def run_replay(config: SidecarConfig) -> int:
+    started = time.monotonic()
+    engine = Engine(settings_from(config))
+    try:
+        engine.scan()
+        if not engine.sources:
+            log.warning(
+                "no mindformers logs found under %s (looked for rank_N/info.log, worker_N.log, "
+                "mindformer(s).log); nothing to do",
+                ", ".join(map(str, config.paths)),
+            )
+            return 0
+        total = sum(s.tail.stat().st_size - s.tail.offset for s in engine.sources.values())
+        show = config.progress and not config.quiet and sys.stderr.isatty()
+        with tqdm(total=total, unit="B", unit_scale=True, disable=not show, desc="replay") as bar:
+            last_checkpoint = time.monotonic()
+            while True:
+                n = engine.pump(READ_BUDGET, time.monotonic())
+                bar.update(n)
+                if n == 0:
+                    break
+                if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY:
+                    engine.checkpoint()
+                    last_checkpoint = time.monotonic()
+        engine.end_of_input()
+        engine.checkpoint()
+    finally:
+        engine.close()
+    if not config.quiet:
+        print(summary(engine, time.monotonic() - started))
+        print(f"open it with: tensorboard --logdir {config.out}")
+    return 0

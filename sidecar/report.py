@@ -1,0 +1,60 @@
+"""The one-screen summary printed after a replay (and on request by the daemon)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from parsers import tags
+from sidecar.engine import Engine
+
+_MAIN_TAGS = (
+    tags.LOSS,
+    tags.LEARNING_RATE,
+    tags.GRAD_NORM,
+    tags.LOSS_SCALE,
+    tags.ITERATION_TIME,
+    tags.THROUGHPUT,
+    tags.MODEL_FLOPS,
+)
+
+
+def summary(engine: Engine, seconds: float) -> str:
+    sources = list(engine.sources.values())
+    skipped: Counter[int] = Counter()
+    for source in sources:
+        skipped[source.candidate.rank] += source.malformed + source.tail.long_lines
+    lines = [
+        f"read {len(sources)} file(s), {engine.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
+        f"-> {engine.settings.out}"
+    ]
+    if not engine.ranks:
+        return "\n".join(lines)
+    header = ("rank", "steps", "first", "last", "format", "metrics", "skipped", "dups")
+    rows = [header]
+    for rank_id in sorted(engine.ranks):
+        stats = engine.ranks[rank_id].stats
+        main = [t for t in _MAIN_TAGS if t in stats.tags]
+        other = len(stats.tags) - len(main)
+        metrics = ", ".join(main) + (f" +{other} more" if other else "")
+        rows.append(
+            (
+                str(rank_id),
+                str(stats.records),
+                "-" if stats.first_step is None else str(stats.first_step),
+                "-" if stats.last_step is None else str(stats.last_step),
+                ", ".join(sorted(f.value for f in stats.families)) or "-",
+                metrics or "-",
+                str(skipped[rank_id]),
+                str(stats.duplicates),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    resumes = sum(r.stats.resumes for r in engine.ranks.values())
+    if resumes:
+        lines.append(f"training resumed {resumes} time(s); superseded points are hidden by TensorBoard")
+    alerts = sum(engine.alerts.counts.values())
+    if alerts:
+        lines.append(f"{alerts} alert(s) (non-finite values, errors); see the warnings above")
+    return "\n".join(lines)

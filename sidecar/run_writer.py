@@ -1,0 +1,107 @@
+"""One TensorBoard run (``--out/rank_<N>``): records in, de-duplicated events out.
+
+Contract: within the current segment, a (tag, step) is written at most once and steps per tag
+strictly increase, so both TensorBoard loaders show every point exactly once. Each writer start
+opens a new event file (see :mod:`sidecar.event_file`) that begins with one ``SessionLog.START``:
+at ``max written step + 1`` on a plain (re)start, which purges nothing, or at the resume step when
+training went back to an earlier checkpoint, which makes TensorBoard's Python loader discard the
+stale tail exactly as its Rust loader does by per-tag preemption.
+
+Watermarks come from the run directory itself (:func:`sidecar.event_scan.scan_run`), so events
+written before a crash but after the last offset checkpoint are not written a second time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tensorboardX.proto import event_pb2, summary_pb2
+from tensorboardX.summary import text as text_summary
+
+from parsers.records import Record
+from sidecar.event_file import EventFileWriter
+from sidecar.event_scan import RunView, scan_run
+
+RESUME_TAG = "events/resume"
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path, since: RunView | None = None) -> None:
+        self.run_dir = run_dir
+        self.view = scan_run(run_dir, since) if run_dir.exists() else RunView()
+        self._file: EventFileWriter | None = None
+        self._start_step: int | None = None
+        self.points_written = 0
+
+    @property
+    def max_step(self) -> int:
+        return max(self.view.watermarks.values(), default=-1)
+
+    def write(self, record: Record) -> int:
+        """Write what is new in ``record``; return how many values were written."""
+        wall_time = record.wall_time if record.wall_time is not None else time.time()
+        return self.write_values(record.step, wall_time, _values(record))
+
+    def write_values(self, step: int, wall_time: float, values: list[summary_pb2.Summary.Value]) -> int:
+        """Write the values whose tag has not reached ``step`` yet, as one event."""
+        marks = self.view.watermarks
+        fresh = [v for v in values if marks.get(v.tag, -1) < step]
+        if not fresh:
+            return 0
+        event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=fresh))
+        self._ensure_file(wall_time).write(event)
+        for value in fresh:
+            marks[value.tag] = step
+        self.points_written += len(fresh)
+        return len(fresh)
+
+    def resume(self, step: int, wall_time: float | None, note: str) -> None:
+        """Training went back to ``step``: start a new segment that supersedes steps >= step."""
+        self.close()
+        self._start_step = step
+        self.view.watermarks = {tag: min(s, step - 1) for tag, s in self.view.watermarks.items()}
+        self.write(Record(step, wall_time, texts={RESUME_TAG: note}))
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def sync(self) -> RunView:
+        """Durability barrier; returns the view to checkpoint alongside the log offsets."""
+        if self._file is not None:
+            self._file.sync()
+            self.view.file, self.view.size = self._file.path.name, self._file.size
+        return self.view
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.sync()
+            self._file.close()
+            self._file = None
+
+    def abandon(self) -> None:
+        if self._file is not None:
+            self._file.abandon()
+            self._file = None
+
+    def _ensure_file(self, wall_time: float) -> EventFileWriter:
+        if self._file is None:
+            self._file = EventFileWriter(self.run_dir, wall_time)
+            start = self._start_step if self._start_step is not None else self.max_step + 1
+            self._start_step = None
+            self._file.write(
+                event_pb2.Event(
+                    wall_time=wall_time,
+                    step=start,
+                    session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+                )
+            )
+        return self._file
+
+
+def _values(record: Record) -> list[summary_pb2.Summary.Value]:
+    values = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in record.scalars.items()]
+    for tag, text in record.texts.items():
+        values.extend(text_summary(tag, text).value)
+    return values

@@ -1,0 +1,106 @@
+"""The checkpoint: where each followed file was read to, and what each run already holds.
+
+Written atomically (temp file, fsync, rename, fsync of the directory), and only after the
+event files were synced, so it never claims more than is durably on disk. A state file that
+is missing, torn or from another version is a warning and a fresh start: reading the logs again
+from the beginning is safe because the run writers drop every point a run already has.
+
+One file per sidecar instance (``state-<instance>.json``): several sidecars (one per node)
+can share one ``--out`` without touching each other's checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = ".mstb-sidecar"
+VERSION = 1
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class FileState(BaseModel):
+    path: str
+    dev: int
+    ino: int
+    offset: int
+    skipping: bool = False
+    head: str
+    marker: str
+    streams: dict[str, dict[str, int]] = {}  # rank -> assembler snapshot
+    prev_steps: dict[str, int] = {}
+
+
+class RankState(BaseModel):
+    last_step: int = -1
+    last_wall: float | None = None
+    segment_wall: float | None = None
+
+
+class RunState(BaseModel):
+    file: str = ""
+    size: int = 0
+    watermarks: dict[str, int] = {}
+
+
+class State(BaseModel):
+    version: int = VERSION
+    files: list[FileState] = []
+    ranks: dict[str, RankState] = {}
+    runs: dict[str, RunState] = {}
+
+
+def instance_name(raw: str) -> str:
+    """A file-name-safe instance name (it may come from a hostname or the user)."""
+    return _UNSAFE.sub("_", raw)[:64] or "default"
+
+
+class StateStore:
+    def __init__(self, out_dir: Path, instance: str) -> None:
+        self.path = out_dir / STATE_DIR / f"state-{instance_name(instance)}.json"
+
+    def load(self) -> State:
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return State()
+        except OSError as exc:
+            log.warning("cannot read state file %s (%s); starting from the beginning of every log", self.path, exc)
+            return State()
+        try:
+            state = State.model_validate(json.loads(raw))
+        except (ValueError, ValidationError) as exc:
+            log.warning(
+                "state file %s is corrupt (%s); starting from the beginning of every log, "
+                "points already written are not repeated",
+                self.path,
+                str(exc).splitlines()[0],
+            )
+            return State()
+        if state.version != VERSION:
+            log.warning("state file %s has version %s; starting afresh", self.path, state.version)
+            return State()
+        return state
+
+    def save(self, state: State) -> None:
+        directory = self.path.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f"{self.path.name}.tmp")
+        data = state.model_dump_json().encode()
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644), "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -1,0 +1,74 @@
+"""TFRecord framing, both directions.
+
+TensorBoard event files and MindSpore ``_MS`` summary files share this framing::
+
+    u64 LE length | u32 LE masked_crc32c(length) | payload | u32 LE masked_crc32c(payload)
+
+Writing uses tensorboardX's masked CRC (hardware ``crc32c`` when installed) but packs
+the length little-endian explicitly, unlike tensorboardX's native-order ``struct.pack('Q')``.
+Reading is incremental: a record that is not complete yet is *not an error*, because the
+file we read may still be growing; the caller simply retries later from the same offset.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator
+
+from tensorboardX.record_writer import masked_crc32c
+
+_LEN = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+HEADER_BYTES = 12
+FOOTER_BYTES = 4
+# A record larger than this is treated as corruption, not as a record to wait for.
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+
+
+def frame(payload: bytes) -> bytes:
+    """Return one framed record for ``payload``."""
+    header = _LEN.pack(len(payload))
+    return b"".join(
+        (header, _CRC.pack(masked_crc32c(header)), payload, _CRC.pack(masked_crc32c(payload)))
+    )
+
+
+class CorruptRecord(Exception):
+    """A record whose length or CRC does not check out (permanent for that file offset)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """A complete payload and the file offsets it spans."""
+
+    start: int
+    end: int
+    payload: bytes
+
+
+def iter_records(fh: BinaryIO, offset: int = 0) -> Iterator[Record]:
+    """Yield every complete record from ``offset`` on; stop silently at a partial tail.
+
+    Raises :class:`CorruptRecord` (with ``.args[1]`` the bad record's offset) when the
+    length CRC or the payload CRC fails: the caller decides whether to resync or give up.
+    """
+    fh.seek(offset)
+    while True:
+        header = fh.read(HEADER_BYTES)
+        if len(header) < HEADER_BYTES:
+            return
+        (length,) = _LEN.unpack_from(header)
+        (len_crc,) = _CRC.unpack_from(header, 8)
+        if len_crc != masked_crc32c(header[:8]) or length > MAX_RECORD_BYTES:
+            raise CorruptRecord("bad length CRC", offset)
+        body = fh.read(length + FOOTER_BYTES)
+        if len(body) < length + FOOTER_BYTES:
+            return
+        payload = body[:length]
+        (data_crc,) = _CRC.unpack_from(body, length)
+        if data_crc != masked_crc32c(payload):
+            raise CorruptRecord("bad data CRC", offset)
+        end = offset + HEADER_BYTES + length + FOOTER_BYTES
+        yield Record(offset, end, payload)
+        offset = end

@@ -1,0 +1,1 @@
+"""Shared pytest setup: the tests import their helpers (``tb_read``, ...) from this directory."""

@@ -1,0 +1,56 @@
+"""Reading output back the way TensorBoard does, for assertions.
+
+Two views: :func:`scalars` uses TensorBoard's own ``EventAccumulator`` (which applies its START
+purge, i.e. what a user sees); :func:`raw_points` decodes every event record with TensorBoard's
+``EventFileLoader`` and keeps duplicates, so a test can prove nothing was written twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+
+def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    """tag -> {step: value} as TensorBoard's loader shows it (no downsampling)."""
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    out: dict[str, dict[int, float]] = {}
+    for tag in acc.Tags()["scalars"]:
+        points = acc.Scalars(tag)
+        steps = [p.step for p in points]
+        assert len(steps) == len(set(steps)), f"{run_dir} {tag}: TensorBoard shows a step twice"
+        out[tag] = {p.step: p.value for p in points}
+    return out
+
+
+def texts(run_dir: Path) -> dict[str, dict[int, str]]:
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    out: dict[str, dict[int, str]] = {}
+    for tag in acc.Tags()["tensors"]:
+        out[tag] = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors(tag)}
+    return out
+
+
+def raw_points(run_dir: Path) -> Counter[tuple[str, int]]:
+    """(tag, step) -> how many times it is in the files, ignoring TensorBoard's purge."""
+    counts: Counter[tuple[str, int]] = Counter()
+    for path in sorted(run_dir.glob("*tfevents*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                counts[(value.tag, event.step)] += 1
+    return counts
+
+
+def same_float32(a: float, b: float) -> bool:
+    """Values pass through float32 ``simple_value``; compare at that precision."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return math.isclose(a, b, rel_tol=2e-7, abs_tol=1e-30)

@@ -1,4 +1,4 @@
-"""Read MindSpore ``SummaryRecord``/``SummaryCollector`` files and convert them to TensorBoard values.
+"""Read MindSpore ``SummaryRecord``/``SummaryCollector`` files as TensorBoard values.
 
 MindSpore frames its files exactly like TensorBoard (TFRecord) but its ``Summary.Value`` is not
 TensorFlow's: the scalar sits in field 3 instead of 2, the histogram in field 9 (TF's
@@ -15,8 +15,9 @@ import logging
 import os
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -87,7 +88,7 @@ def _message_classes(source: str) -> dict[str, Any]:
     pool.AddSerializedFile(fdp.SerializeToString())
     get_class = getattr(message_factory, "GetMessageClass", None)  # protobuf >= 4.22
     if get_class is None:
-        get_class = message_factory.MessageFactory(pool).GetPrototype
+        get_class = message_factory.MessageFactory(pool).GetPrototype  # type: ignore[attr-defined]
     return {m.name: get_class(pool.FindMessageTypeByName(f"{_PACKAGE}.{m.name}"))
             for m in fdp.message_type}
 
@@ -111,7 +112,7 @@ class ConvertedEvent(NamedTuple):
 
 
 def find_summary_files(directory: str | Path) -> list[Path]:
-    """MindSpore summary (``*_MS``) and lineage (``*_lineage``) files in ``directory``, oldest first.
+    """The ``*_MS`` summary and ``*_lineage`` files in ``directory``, oldest first.
 
     The name embeds the ``SummaryRecord`` creation time in whole seconds, so that (then the
     name) is the write order; the directory's subdirectories are not searched (one dir = one run).
@@ -261,7 +262,7 @@ def _convert(value: Any) -> list[Summary.Value]:
 
 def _histogram(tag: str, limits: Any, counts: Any, lo: float, hi: float, total: float,
                sum_squares: float) -> Summary.Value:
-    """A TF ``HistogramProto``: ``bucket_limit[i]`` is bucket i's right edge, ``min`` the first left.
+    """A TF ``HistogramProto``: ``bucket_limit[i]`` is bucket i's right edge, ``min`` the 1st left.
 
     TensorBoard's legacy-histogram migration drops empty end buckets and uses ``min``/``max``
     as the outer edges, so they carry the data range, not the bucket range.
@@ -272,7 +273,7 @@ def _histogram(tag: str, limits: Any, counts: Any, lo: float, hi: float, total: 
 
 
 def _nonfinite(tag: str, nan: int, pos_inf: int, neg_inf: int) -> list[Summary.Value]:
-    """NaN/±inf counts have no histogram field: emit them as scalars, only at steps where nonzero."""
+    """NaN/±inf counts have no histogram field: scalars ``<tag>/nan_count`` etc., when nonzero."""
     counts = {"nan_count": nan, "pos_inf_count": pos_inf, "neg_inf_count": neg_inf}
     return [Summary.Value(tag=f"{tag}/{name}", simple_value=n) for name, n in counts.items() if n]
 

@@ -1,0 +1,375 @@
+"""Shared tools for the live-daemon reliability tests (``tests/test_live_*.py``).
+
+- :class:`RankLog` writes real mindformers v1.9 two-line step records (head + progress bar) for
+  one rank, with strictly increasing timestamps and a loss that encodes rank and step exactly
+  (``rank * 100000 + step + 0.25 * segment``, exact in float32), and can rotate like
+  ``RotatingFileHandler``, rename under a writer that keeps its fd, truncate, delete and recreate.
+- :func:`raw_run` decodes a run's event files with TensorBoard's own record loader (raw: every
+  record, duplicates and START markers included); :func:`tb_points` reads the run with
+  TensorBoard's ``EventAccumulator``, which applies the START-marker purge, i.e. what a user sees.
+  :func:`assert_exactly_once` compares both with what was written.
+- :class:`Sidecar` runs ``mstb-sidecar --watch ... --out ...`` as a subprocess and stops it with
+  SIGTERM (timed) or SIGKILL; :class:`DiskWatcher` timestamps when each step reaches the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+LOSS = "loss"
+RESUME_TEXT_TAG = "events/resume/text_summary"
+MODES = ["inotify", "poll"]
+_CALLBACK = "[mindformers/core/callback/callback.py:318] print_output_info:"
+_BAR = "  5.2% |██                                                | 0.86313 samples/s/p  2:26:41 }"
+BIN = Path(sys.executable).with_name("mstb-sidecar")
+
+
+def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
+    """Poll ``cond`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def loss_value(rank: int, step: int, segment: int = 0) -> float:
+    return rank * 100000 + step + 0.25 * segment
+
+
+# -- writing logs -------------------------------------------------------------------------------
+class RankLog:
+    """Appends mindformers v1.9 step records for one rank to ``path`` (an ``O_APPEND`` fd)."""
+
+    def __init__(self, path: Path, rank: int, start: datetime | None = None) -> None:
+        self.path = path
+        self.rank = rank
+        self.clock = start or datetime(2026, 11, 29, 10, 0, 0) + timedelta(minutes=rank)
+        self.segment = 0
+        self.next_step = 1
+        self.expected: dict[int, float] = {}  # step -> loss TensorBoard should show
+        self.written_at: dict[int, float] = {}  # step -> time.monotonic() after its write
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+    def _stamp(self) -> str:
+        self.clock += timedelta(milliseconds=3)  # strictly increasing per rank
+        return self.clock.strftime("%Y-%m-%d %H:%M:%S,") + f"{self.clock.microsecond // 1000:03d}"
+
+    def record(self, step: int) -> bytes:
+        """Head + bar lines of one step (the head is held by the sidecar until its bar)."""
+        ts = self._stamp()
+        loss = loss_value(self.rank, step, self.segment)
+        head = (
+            f"[INFO] {ts} {_CALLBACK} {{ Epoch:[  1/  1], step:[{step:5d}/100000], loss: {loss:f}, "
+            f"per_step_time: 512ms, lr: 1e-05, overflow cond: False, loss_scale: 1.0, global_norm: [0.5]\n"
+        )
+        bar = f"[INFO] {ts} {_CALLBACK} {_BAR}\n"
+        self.expected[step] = loss
+        return (head + bar).encode()
+
+    def step(self, count: int = 1) -> None:
+        """Write the next ``count`` steps (one write per step, like the logger)."""
+        for _ in range(count):
+            step = self.next_step
+            self.write(self.record(step))
+            self.written_at[step] = time.monotonic()
+            self.next_step += 1
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def go_back(self, step: int) -> None:
+        """Training resumed from a checkpoint: the next step is ``step`` again, newer values."""
+        self.segment += 1
+        for s in [s for s in self.expected if s >= step]:
+            del self.expected[s]
+        self.next_step = step
+
+    # -- file operations -------------------------------------------------------------------
+    def rotate(self, backups: int = 5) -> None:
+        """``RotatingFileHandler.doRollover``: shift ``.N`` backups, rename, open a new file."""
+        self.shift(backups)
+        self.reopen()
+
+    def shift(self, backups: int = 5) -> None:
+        """Rename the chain (``.4`` -> ``.5`` ... live -> ``.1``) but keep writing to the old fd."""
+        for i in range(backups - 1, 0, -1):
+            src = self.path.with_name(f"{self.path.name}.{i}")
+            if src.exists():
+                os.replace(src, self.path.with_name(f"{self.path.name}.{i + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+    def reopen(self) -> None:
+        os.close(self.fd)
+        self.fd = self._open()
+
+    def truncate(self) -> None:
+        """In-place truncation (msrun reusing a log dir); the O_APPEND writer goes on at 0."""
+        os.truncate(self.path, 0)
+
+    def delete_and_recreate(self) -> None:
+        os.close(self.fd)
+        os.unlink(self.path)
+        self.fd = self._open()
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+# -- reading event files ------------------------------------------------------------------------
+@dataclass
+class RawRun:
+    """Every record of one run directory, in TensorBoard's file order (undecoded protos, so
+    ``simple_value`` is as written, not migrated to tensors)."""
+
+    points: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
+    starts: list[int] = field(default_factory=list)  # SessionLog.START steps
+    texts: list[tuple[str, int]] = field(default_factory=list)  # (tag, step)
+    files: int = 0
+
+    def duplicates(self) -> dict[int, int]:
+        return {s: n for s, n in Counter(s for s, _ in self.points).items() if n > 1}
+
+
+def event_files(run_dir: Path) -> list[Path]:
+    if not run_dir.is_dir():
+        return []
+    return sorted(p for p in run_dir.iterdir() if "tfevents" in p.name)
+
+
+def raw_run(run_dir: Path, tag: str = LOSS) -> RawRun:
+    run = RawRun()
+    for path in event_files(run_dir):
+        run.files += 1
+        for event in LegacyEventFileLoader(str(path)).Load():
+            if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                run.starts.append(event.step)
+            for value in event.summary.value:
+                if value.tag == tag:
+                    run.points.append((event.step, value.simple_value))
+                elif value.tag.endswith("text_summary"):
+                    run.texts.append((value.tag, event.step))
+    return run
+
+
+def tb_accumulator(run_dir: Path) -> event_accumulator.EventAccumulator:
+    acc = event_accumulator.EventAccumulator(
+        str(run_dir), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    return acc
+
+
+def tb_points(run_dir: Path, tag: str = LOSS) -> list[tuple[int, float]]:
+    """(step, value) as TensorBoard's Python loader shows them, after START-marker purges."""
+    if not event_files(run_dir):
+        return []
+    acc = tb_accumulator(run_dir)
+    if tag not in acc.Tags()[event_accumulator.SCALARS]:
+        return []
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def _diff(want: dict[int, float], got: list[tuple[int, float]]) -> str:
+    got_steps = Counter(s for s, _ in got)
+    missing = sorted(set(want) - set(got_steps))
+    extra = sorted(set(got_steps) - set(want))
+    twice = sorted(s for s, n in got_steps.items() if n > 1)
+    wrong = sorted(s for s, v in got if s in want and v != want[s])
+    return f"missing {missing[:20]} ({len(missing)}), extra {extra[:20]} ({len(extra)}), " \
+           f"repeated {twice[:20]} ({len(twice)}), wrong values {wrong[:20]} ({len(wrong)})"
+
+
+def assert_exactly_once(out: Path, logs: Iterable[RankLog], raw_duplicates: bool = False) -> None:
+    """Every written step of every rank is in TensorBoard's view exactly once with its value,
+    in increasing step order; and (unless training went back) no raw record repeats a step."""
+    for log in logs:
+        run_dir = out / f"rank_{log.rank}"
+        view = tb_points(run_dir)
+        steps = [s for s, _ in view]
+        ok = dict(view) == log.expected and len(steps) == len(log.expected) and steps == sorted(steps)
+        assert ok, f"rank {log.rank} TensorBoard view: {_diff(log.expected, view)}"
+        if not raw_duplicates:
+            raw = raw_run(run_dir)
+            assert not raw.duplicates(), f"rank {log.rank}: raw duplicate steps {sorted(raw.duplicates())[:20]}"
+            assert {s for s, _ in raw.points} == set(log.expected), f"rank {log.rank} raw: {_diff(log.expected, raw.points)}"
+
+
+def all_written(out: Path, logs: Iterable[RankLog]) -> bool:
+    """Has every expected step of every log reached its run's event files (raw)?"""
+    for log in logs:
+        got = {s for s, _ in raw_run(out / f"rank_{log.rank}").points}
+        if not set(log.expected) <= got:
+            return False
+    return True
+
+
+class DiskWatcher:
+    """Background thread noting when each (rank, step) first appears in an event file.
+
+    A tiny incremental TFRecord reader (length header, payload, CRC) per file, so polling every
+    few ms stays cheap; it does not check CRCs, the oracle above does the real decoding.
+    """
+
+    def __init__(self, out: Path, ranks: Iterable[int], interval: float = 0.01) -> None:
+        from tensorboard.compat.proto import event_pb2
+
+        self._event = event_pb2.Event
+        self.out = out
+        self.ranks = list(ranks)
+        self.interval = interval
+        self.seen: dict[tuple[int, int], float] = {}
+        self._offsets: dict[Path, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "DiskWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for rank in self.ranks:
+                for path in event_files(self.out / f"rank_{rank}"):
+                    self._read(rank, path)
+            self._stop.wait(self.interval)
+
+    def _read(self, rank: int, path: Path) -> None:
+        offset = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        now = time.monotonic()
+        pos = 0
+        while len(data) - pos >= 12:
+            (length,) = struct.unpack_from("<Q", data, pos)
+            end = pos + 12 + length + 4
+            if end > len(data):
+                break
+            event = self._event.FromString(data[pos + 12 : pos + 12 + length])
+            if any(v.tag == LOSS for v in event.summary.value):
+                self.seen.setdefault((rank, event.step), now)
+            pos = end
+        self._offsets[path] = offset + pos
+
+    def latencies(self, logs: Iterable[RankLog], since: float = 0.0, until: float = float("inf")) -> list[float]:
+        """Append-to-disk delay of the steps written in [since, until]; unseen ones count as inf."""
+        out = []
+        for log in logs:
+            for step, written in log.written_at.items():
+                if since <= written <= until:
+                    out.append(self.seen.get((log.rank, step), float("inf")) - written)
+        return sorted(out)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+class Sidecar:
+    """``mstb-sidecar --watch PATHS --out OUT`` as a subprocess, one stderr file per start."""
+
+    def __init__(self, watch: list[Path], out: Path, mode: str, logs_dir: Path, *extra: str) -> None:
+        self.watch = watch
+        self.out = out
+        self.mode = mode
+        self.extra = list(extra)
+        self.logs_dir = logs_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.started_at = 0.0
+        self._stderr_path: Path | None = None
+
+    @property
+    def cmd(self) -> list[str]:
+        cmd = [str(BIN), "--watch", *map(str, self.watch), "--out", str(self.out), "--instance", "test"]
+        return cmd + (["--poll"] if self.mode == "poll" else []) + self.extra
+
+    def start(self, wait_ready: bool = True) -> "Sidecar":
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        self._stderr_path = self.logs_dir / f"sidecar-{self.starts}.stderr"
+        with open(self._stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        self.started_at = time.monotonic()
+        if wait_ready:
+            wait_until(lambda: "watching" in self.stderr() or self.proc.poll() is not None, 20, "the sidecar to start")
+            assert self.proc.poll() is None, f"sidecar exited at start: {self.stderr()}"
+        return self
+
+    def stderr(self, all_runs: bool = False) -> str:
+        if all_runs:
+            return "".join(p.read_text(errors="replace") for p in sorted(self.logs_dir.glob("sidecar-*.stderr")))
+        return self._stderr_path.read_text(errors="replace") if self._stderr_path else ""
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> tuple[int, float]:
+        """Send ``sig`` and wait; returns (exit status, seconds it took)."""
+        assert self.proc is not None
+        started = time.monotonic()
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"sidecar did not exit within {timeout}s of signal {sig}") from None
+        return rc, time.monotonic() - started
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def cleanup(self) -> None:
+        if self.running():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+
+
+def assert_clean_stderr(text: str) -> None:
+    assert "Traceback" not in text, text
+    assert "ERROR" not in text, text
+
+
+def have_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None

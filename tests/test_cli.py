@@ -1,0 +1,136 @@
+"""The command-line contract: exit codes, one-line errors without tracebacks, summary, config file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tb_read import scalars
+
+VERSIONS = Path(__file__).parent / "fixtures" / "versions"
+EXE = [sys.executable, "-m", "sidecar.cli"]
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_replay_prints_a_per_rank_summary_and_how_to_open_it(tmp_path: Path) -> None:
+    proc = run("replay", str(VERSIONS / "v1.9.0-graph"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "rank" in out and "steps" in out and "r0.7+ graph trainer" in out
+    assert f"tensorboard --logdir {tmp_path / 'out'}" in out
+    rows = [r for r in map(str.split, out.splitlines()) if len(r) > 1 and r[0].isdigit() and r[1].isdigit()]
+    assert [r[:4] for r in rows] == [["0", "16", "1", "16"], ["1", "16", "1", "16"]]
+    assert "alert(s)" in out  # the tree has nan losses
+
+
+def test_quiet_prints_nothing_on_success(tmp_path: Path) -> None:
+    proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "out"), "--quiet")
+    assert proc.returncode == 0 and proc.stdout == ""
+
+
+def test_missing_path_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = run("replay", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "does not exist" in one_line_error(proc)
+
+
+def test_watch_missing_path_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = run("--watch", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "does not exist" in one_line_error(proc)
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="needs a non-root user")
+def test_unwritable_out_is_a_one_line_error(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    cmd = [*EXE, "replay", str(VERSIONS / "r0.7"), "--out", str(locked / "out")]
+    if os.geteuid() == 0:  # root ignores mode bits: run as nobody, which can read the fixtures
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+        os.chmod(tmp_path, 0o755)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    assert proc.returncode == 2
+    line = one_line_error(proc)
+    assert "cannot write to --out" in line and "choose a directory" in line
+
+
+def test_out_that_is_a_file_is_a_one_line_error(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(target))
+    assert proc.returncode == 2
+    assert "cannot write to --out" in one_line_error(proc)
+
+
+def test_nothing_matched_is_a_warning_and_exit_zero(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    proc = run("replay", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0
+    assert "no mindformers logs found" in proc.stderr
+
+
+def test_unreadable_config_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "o"), "--config", str(tmp_path / "none.yaml"))
+    assert proc.returncode == 2
+    assert "cannot read config file" in one_line_error(proc)
+
+
+def test_invalid_yaml_and_bad_values_are_one_line_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rank: [unclosed\n")
+    proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "o"), "--config", str(bad))
+    assert proc.returncode == 2 and "not valid YAML" in one_line_error(proc)
+    bad.write_text("rank: -3\n")
+    proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "o"), "--config", str(bad))
+    assert proc.returncode == 2 and "--rank" in one_line_error(proc)
+    bad.write_text("no_such_option: 1\n")
+    proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "o"), "--config", str(bad))
+    assert proc.returncode == 2 and "no-such-option" in one_line_error(proc)
+
+
+def test_bad_rank_pattern_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "o"), "--rank-pattern", "(unclosed")
+    assert proc.returncode == 2 and "--rank-pattern" in one_line_error(proc)
+    proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "o"), "--rank-pattern", r"^\d+ ")
+    assert proc.returncode == 2 and "named group" in one_line_error(proc)
+
+
+def test_config_file_supplies_options_and_the_command_line_wins(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text((VERSIONS / "v1.9.0-pynative" / "output" / "log" / "rank_1" / "info.log").read_text())
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text(f"out: {tmp_path / 'from_config'}\nrank: 5\nquiet: true\n")
+    assert run("replay", str(log), "--config", str(cfg)).returncode == 0
+    assert scalars(tmp_path / "from_config" / "rank_5")["loss"]
+    other = tmp_path / "other"
+    assert run("replay", str(log), "--config", str(cfg), "--rank", "7", "--out", str(other)).returncode == 0
+    assert [p.name for p in other.iterdir() if p.name.startswith("rank_")] == ["rank_7"]
+
+
+def test_single_file_without_rank_in_path_uses_rank_option(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    shutil.copy(VERSIONS / "r0.7" / "output" / "log" / "rank_0" / "info.log", log)
+    assert run("replay", str(log), "--out", str(tmp_path / "out"), "--rank", "3", "-q").returncode == 0
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("rank_")] == ["rank_3"]
+
+
+def test_help_and_version() -> None:
+    assert run("--help").returncode == 0
+    assert run("replay", "--help").returncode == 0
+    proc = run("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("mstb-sidecar ")

@@ -97,6 +97,8 @@ class StreamAssembler:
         if isinstance(parsed, PipelineLine):
             self.pipeline = parsed
             return []
+        if isinstance(parsed, ErrorLine):  # other threads' errors can land between a head and its bar
+            return [Record(self.last_step, wall, texts={ERROR_TAG: parsed.text})]
         if self._held is not None:
             if isinstance(parsed, StepLine) and self._held.wants is EpochEndLine:
                 self._learn_no_epoch_end()
@@ -113,8 +115,6 @@ class StreamAssembler:
             out.append(Record(self.last_step, wall, scalars, {tags.TEXT_CHECKPOINT: parsed.text}))
         elif isinstance(parsed, MarkerLine):
             out.append(Record(self.last_step, wall, texts={f"events/{parsed.kind.value}": parsed.text}))
-        elif isinstance(parsed, ErrorLine):
-            out.append(Record(self.last_step, wall, texts={ERROR_TAG: parsed.text}))
         return out
 
     def flush_due(self, now: float) -> list[Record]:

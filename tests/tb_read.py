@@ -33,7 +33,7 @@ def texts(run_dir: Path) -> dict[str, dict[int, str]]:
     acc.Reload()
     out: dict[str, dict[int, str]] = {}
     for tag in acc.Tags()["tensors"]:
-        out[tag] = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors(tag)}
+        out[tag] = {e.step: e.tensor_proto.string_val[0].decode("utf-8", "replace") for e in acc.Tensors(tag)}
     return out
 
 

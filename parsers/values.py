@@ -58,23 +58,17 @@ def split_fields(text: str) -> list[tuple[str, str]]:
     gets the empty key. Unknown keys are kept: new ones appear release by release.
     """
     pairs: list[tuple[str, str]] = []
-    depth = 0
-    start = 0
-    n = len(text)
-    i = 0
-    while i < n:
-        c = text[i]
-        if c in "[(":
-            depth += 1
-        elif c in "])":
-            depth = max(depth - 1, 0)
-        elif c == "," and depth == 0 and i + 1 < n and text[i + 1] == " ":
-            pairs.append(_pair(text[start:i]))
-            start = i + 2
-            i += 1
-        i += 1
-    if start < n:
-        pairs.append(_pair(text[start:]))
+    pending = ""
+    for part in text.split(", "):
+        if pending:
+            part = f"{pending}, {part}"
+        if part.count("[") > part.count("]") or part.count("(") > part.count(")"):
+            pending = part  # a ", " inside brackets or parentheses: keep joining
+            continue
+        pending = ""
+        pairs.append(_pair(part))
+    if pending:
+        pairs.append(_pair(pending))
     return pairs
 
 

@@ -9,10 +9,8 @@ through the callback hooks with MindSpore's own ``RunContext``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -24,15 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mindspore_required import require_mindspore
+
 from tb_read import scalars, texts
 
 pytestmark = pytest.mark.mindspore
 
-if importlib.util.find_spec("mindspore") is None:
-    if os.environ.get("MSTB_REQUIRE_MINDSPORE") == "1":
-        pytest.fail("MSTB_REQUIRE_MINDSPORE=1 but mindspore is not importable "
-                    "(install the 'mindspore' extra)", pytrace=False)
-    pytest.skip("mindspore not installed", allow_module_level=True)
+require_mindspore()
 
 from mindspore.train.callback import RunContext, _InternalCallbackParam  # noqa: E402
 

@@ -7,7 +7,6 @@ partial-record cases edit bytes, and only of those real files.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from mindspore_required import require_mindspore
 from tensorboard import data_compat
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
@@ -33,11 +34,7 @@ from sidecar.tfrecord import frame, iter_records
 
 pytestmark = pytest.mark.mindspore
 
-if importlib.util.find_spec("mindspore") is None:
-    if os.environ.get("MSTB_REQUIRE_MINDSPORE") == "1":
-        pytest.fail("MSTB_REQUIRE_MINDSPORE=1 but mindspore is not importable "
-                    "(install the 'mindspore' extra)", pytrace=False)
-    pytest.skip("mindspore not installed", allow_module_level=True)
+require_mindspore()
 
 EPOCHS, STEPS_PER_EPOCH = 3, 10
 

@@ -1,7 +1,7 @@
 """The cross-rank view: one run with per-step mean, min, max and spread of every metric over ranks.
 
 A step's aggregate is written once every rank has reported it or moved past it (ranks come from
-discovery and from what was read), or, live, once ``timeout`` seconds passed since its first
+paths and stream labels, known once every file was read once), or, live, once ``timeout`` seconds passed since its first
 report (a dead or slow rank must not stall the view forever). At most ``max_pending`` steps wait;
 at the end of a replay everything pending is written. Under pipeline
 parallelism only the last stage's loss is valid (mindformers warns ``pipeline stages: P > 1``
@@ -47,7 +47,8 @@ class CrossRankAggregator:
         self.timeout = timeout
         self.loss_ranks = loss_ranks
         self.max_pending = max_pending
-        self.expected: set[int] = set()  # ranks known from discovery
+        self.expected: set[int] = set()  # ranks known from paths and stream labels
+        self.ready = False  # set once every file was read once: only then is ``expected`` complete
         self.last_step: dict[int, int] = {}  # rank -> newest training step seen
         self.reporters: dict[str, set[int]] = {}  # tag -> ranks that ever reported it
         self.pipeline: PipelineLine | None = None
@@ -57,12 +58,15 @@ class CrossRankAggregator:
         self._emitted_since_resume = False
 
     def observe(self, rank: int, record: Record, now: float, resumed: bool = False) -> None:
-        """A training-step record the rank's run accepted (``resumed``: it went back in steps)."""
+        """A training-step record of ``rank`` (new, or a duplicate of one already written, which
+        completes a step that a restart interrupted; ``resumed``: the rank went back in steps)."""
         if not record.training_step:
             return
         if resumed:
             self._resume(record.step, record.wall_time)
-        self.last_step[rank] = record.step
+            self.last_step[rank] = record.step
+        else:  # duplicates from a second file or a re-read after restart may lag behind
+            self.last_step[rank] = max(self.last_step.get(rank, -1), record.step)
         entry = self._pending.get(record.step)
         if entry is None:
             entry = self._pending[record.step] = _Step(now, record.wall_time or 0.0)
@@ -117,7 +121,7 @@ class CrossRankAggregator:
         ranks = self.expected | set(self.last_step)
         for step in sorted(self._pending):
             entry = self._pending[step]
-            complete = all(self.last_step.get(r, -1) >= step for r in ranks)
+            complete = self.ready and all(self.last_step.get(r, -1) >= step for r in ranks)
             overdue = now - entry.first_seen >= self.timeout or len(self._pending) > self.max_pending
             if complete or overdue:
                 self._emit(step, self._pending.pop(step))

@@ -30,6 +30,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--instance", help="name of this sidecar's checkpoint, unique per node sharing --out (default: hostname)")
     parser.add_argument("--max-line-bytes", type=int, help="skip (and count) lines longer than this (default 1 MiB)")
+    parser.add_argument("--no-aggregate", dest="aggregate", action="store_false", default=None,
+                        help="no cross-rank aggregate run (aggregate/<instance>)")
+    parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
+                        "(default: all, or the last pipeline stage when mindformers reports pipeline stages)")
     parser.add_argument("-q", "--quiet", action="store_true", default=None, help="only warnings and errors")
     parser.add_argument("-v", "--verbose", action="store_true", default=None, help="debug logging")
     parser.add_argument("--version", action="version", version=f"mstb-sidecar {__version__}")
@@ -51,6 +55,8 @@ def _watch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-interval", type=float, help="seconds between offset checkpoints (default 1)")
     parser.add_argument("--from-end", action="store_true", default=None,
                         help="skip what files already hold when first seen (default: read from the beginning)")
+    parser.add_argument("--aggregate-timeout", type=float,
+                        help="seconds the aggregate waits for a slow rank before writing a step (default 30)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (127.0.0.1)")
     parser.add_argument("--metrics-host", help="address for --metrics-port (default 127.0.0.1)")
     return parser

@@ -31,6 +31,9 @@ class SidecarConfig(BaseModel):
     instance: str = Field(default_factory=socket.gethostname)
     max_line_bytes: int = Field(1 << 20, ge=1024)
     companion_wait: float = Field(0.5, gt=0)
+    aggregate: bool = True
+    aggregate_timeout: float = Field(30.0, gt=0)
+    loss_ranks: list[int] | None = None
     quiet: bool = False
     verbose: bool = False
     # live mode
@@ -45,6 +48,16 @@ class SidecarConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     # replay
     progress: bool = True
+
+    @field_validator("loss_ranks", mode="before")
+    @classmethod
+    def _ranks(cls, value: object) -> object:
+        if isinstance(value, str):  # "2,3" from the command line
+            try:
+                return [int(part) for part in value.split(",") if part.strip()]
+            except ValueError:
+                raise ValueError("a comma-separated list of ranks, e.g. 6,7") from None
+        return value
 
     @field_validator("rank_pattern")
     @classmethod

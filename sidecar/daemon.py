@@ -4,19 +4,22 @@ One thread does everything (scan, read, parse, write, checkpoint), so there is n
 overflow and no writer thread to die silently; back-pressure is simply that a slow disk slows
 reading, and offsets only advance past what was written. Each iteration:
 
-    rescan (every --rescan-interval) -> read new bytes of every file -> release held records
-    -> make events visible (write) -> checkpoint (every --checkpoint-interval: fsync, then state)
-    -> ping the watchdog -> wait for a file event or --poll-interval
+    rescan (every --rescan-interval, or at once when a file left its path) -> read new bytes
+    of every file -> release held records -> make events visible (write) -> checkpoint (every
+    --checkpoint-interval: fsync, then state) -> ping the watchdog -> wait for a file event or
+    --poll-interval
 
 SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, exit 0.
-SIGHUP: rescan now and reopen every file by path. A write error (disk full, read-only) ends the
-process with status 1 before any checkpoint could claim the failed events, so a restart after
-the fix loses nothing.
+SIGHUP: rescan now. Open files are kept: they are followed by identity, and a renamed-away or
+deleted file that still has unread bytes can only be read through its open descriptor.
+A write error (disk full, read-only) ends the process with status 1 before any checkpoint could
+claim the failed events, so a restart after the fix loses nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -34,21 +37,36 @@ READ_BUDGET = 1 << 20
 
 
 class _Signals:
+    """SIGTERM/SIGINT/SIGHUP set flags and cut the loop's wait short.
+
+    The handlers only set flags. Waking the loop with ``Event.set()`` inside a handler
+    deadlocks: the handler runs in the main thread, which may hold the event's lock (inside
+    ``wait``/``clear``) when the signal lands; the process then ignores even SIGTERM. Instead
+    Python's C-level handler writes each signal to a pipe (``signal.set_wakeup_fd``) and a
+    small thread turns that into ``wake.set()``.
+    """
+
     def __init__(self, wake: threading.Event) -> None:
         self.stop = False
         self.reload = False
-        self._wake = wake
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=_relay, args=(read_fd, wake), name="signal-wakeup", daemon=True).start()
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_reload)
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop = True
-        self._wake.set()
 
     def _on_reload(self, signum: int, frame: FrameType | None) -> None:
         self.reload = True
-        self._wake.set()
+
+
+def _relay(read_fd: int, wake: threading.Event) -> None:
+    while os.read(read_fd, 64):
+        wake.set()
 
 
 def _status(engine: Engine) -> str:
@@ -60,7 +78,7 @@ def _status(engine: Engine) -> str:
 
 
 def run_daemon(config: SidecarConfig) -> int:
-    engine = Engine(settings_from(config))
+    engine = Engine(settings_from(config, live=True))
     notifier = Notifier()
     wake = WakeUp(config.paths, config.out, config.poll)
     signals = _Signals(wake.event)
@@ -78,7 +96,7 @@ def run_daemon(config: SidecarConfig) -> int:
         _drain(engine, config.drain_timeout)
         engine.checkpoint()
     except OSError:
-        _abandon(engine)
+        engine.abandon()
         raise
     finally:
         wake.stop()
@@ -94,11 +112,9 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
         now = time.monotonic()
         if signals.reload:
             signals.reload = False
-            log.info("SIGHUP: rescanning and reopening files")
-            for source in engine.sources.values():
-                source.tail.close()
+            log.info("SIGHUP: rescanning")
             next_scan = now
-        if now >= next_scan:
+        if now >= next_scan or engine.moved():
             engine.scan()
             engine.forget_gone(config.rotate_quiet)
             next_scan = now + config.rescan_interval
@@ -126,9 +142,3 @@ def _drain(engine: Engine, timeout: float) -> None:
             break
     engine.tick(time.monotonic())
 
-
-def _abandon(engine: Engine) -> None:
-    for rank in engine.ranks.values():
-        rank.writer.abandon()
-    for source in engine.sources.values():
-        source.tail.close()

@@ -22,25 +22,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _LOG_NAME = re.compile(r"(?:info\.log|mindformers?\.log|worker_\d+\.log)(?:\.(\d+))?")
+# MindSpore SummaryRecord files: <prefix>.out.events.summary.<seconds>.<device>.<host>_MS / _lineage
+SUMMARY_NAME = re.compile(r".*\.out\.events\.summary\.(\d+)\..*(_MS|_lineage)")
 _RANK_PART = re.compile(r"rank_(\d+)|mf_parallel(\d+)|worker_(\d+)\.log(?:\.\d+)?")
 MAX_DEPTH = 8
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A log file to follow. ``chain`` groups a live file with its rotated backups."""
+    """A file to follow. ``chain`` groups a live log with its rotated backups.
+
+    ``ranked``: the rank comes from the path (not the default); ``summary``: a MindSpore
+    summary file (converted by :mod:`sidecar.ms_follow`), not a log.
+    """
 
     path: Path
     rank: int
     chain: str
     backup: int  # 0 for the live file, N for ``.N`` (older as N grows)
+    ranked: bool = False
+    summary: bool = False
 
     def order(self) -> tuple[int, str, int]:
         return (self.rank, self.chain, -self.backup)
-
-
-class MissingPath(Exception):
-    """A path given by the user does not exist (a fatal misuse, reported in one line)."""
 
 
 def rank_of(path: Path) -> int | None:
@@ -53,16 +57,18 @@ def rank_of(path: Path) -> int | None:
 
 
 def discover(roots: list[Path], default_rank: int = 0, exclude: Path | None = None) -> list[Candidate]:
-    """Every metric-bearing log under ``roots``, in reading order."""
+    """Every metric-bearing log under ``roots``, in reading order.
+
+    A root that does not exist (now) yields nothing: the command line checks the paths once at
+    start, and a live sidecar must outlive a job directory that is removed and made again.
+    """
     found: dict[Path, Candidate] = {}
     for root in roots:
-        if not root.exists():
-            raise MissingPath(str(root))
         if root.is_file():
             found[root] = _candidate(root, default_rank)
             continue
         for path in _walk(root, exclude.resolve() if exclude else None, 0):
-            if _LOG_NAME.fullmatch(path.name):
+            if _LOG_NAME.fullmatch(path.name) or SUMMARY_NAME.fullmatch(path.name):
                 found.setdefault(path, _candidate(path, default_rank))
     return sorted(found.values(), key=Candidate.order)
 
@@ -72,7 +78,8 @@ def _candidate(path: Path, default_rank: int) -> Candidate:
     m = _LOG_NAME.fullmatch(path.name)
     backup = int(m.group(1)) if m and m.group(1) else 0
     chain = str(path.with_suffix("")) if backup else str(path)
-    return Candidate(path, default_rank if rank is None else rank, chain, backup)
+    summary = SUMMARY_NAME.fullmatch(path.name) is not None
+    return Candidate(path, default_rank if rank is None else rank, chain, backup, rank is not None, summary)
 
 
 def _walk(directory: Path, exclude: Path | None, depth: int):

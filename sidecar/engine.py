@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,16 +30,21 @@ from parsers.assembler import StreamAssembler
 from parsers.line import parse_message
 from parsers.prefix import PrefixSplitter
 from parsers.rank_labels import RankRouter
-from parsers.records import Family, MalformedLine, Record
+from parsers.records import Family, MalformedLine, PipelineLine, Record
+from sidecar.aggregate import CrossRankAggregator
 from sidecar.alerts import Alerts
 from sidecar.discovery import Candidate, discover
 from sidecar.event_scan import RunView
+from sidecar.ms_follow import SummaryFollower
 from sidecar.run_writer import RunWriter
 from sidecar.sequencer import RankSequencer, Verdict
-from sidecar.state import FileState, RankState, RunState, State, StateStore
+from sidecar.state import FileState, RankState, RunState, State, StateStore, instance_name
 from sidecar.tailer import FileTail, Identity
 
 log = logging.getLogger(__name__)
+
+SCAN_PASSES = 4
+_RANK_RUN = re.compile(r"rank_(\d+)")
 
 
 @dataclass
@@ -51,6 +57,9 @@ class Settings:
     max_line: int = 1 << 20
     companion_wait: float = 0.5
     rank_pattern: str | None = None
+    aggregate: bool = True
+    aggregate_timeout: float = float("inf")  # replay waits for every rank; live gives up after this
+    loss_ranks: set[int] | None = None
 
 
 @dataclass
@@ -114,40 +123,90 @@ class Engine:
         self.sources: dict[Identity, Source] = {}
         self.ranks: dict[int, Rank] = {}
         self.alerts = Alerts()
+        self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
+        self._other_runs: dict[str, RunWriter] = {}
+        self.aggregator = (
+            CrossRankAggregator(
+                settings.out / "aggregate" / instance_name(settings.instance),
+                settings.aggregate_timeout,
+                settings.loss_ranks,
+            )
+            if settings.aggregate
+            else None
+        )
         self.bytes_read = 0
         self.counters: Counter[str] = Counter()
 
     # -- discovery -------------------------------------------------------------------------
     def scan(self) -> list[Source]:
-        """Find files; follow new ones, re-point renamed ones. Returns the sources added."""
+        """Find files; follow new ones, re-point renamed ones. Returns the sources added.
+
+        The order of a rotation chain comes from the backup numbers, so they must come from one
+        consistent look: a rotation between the directory listing and the ``stat`` calls can
+        hide a file from a pass or leave it a stale number, and the newer file would be read
+        first. So a pass that changed anything is repeated until one changes nothing.
+        """
         added: list[Source] = []
+        for _ in range(SCAN_PASSES):
+            if not self._scan_pass(added):
+                break
+        return added
+
+    def _scan_pass(self, added: list[Source]) -> bool:
+        """One listing; returns whether it differed from the previous one."""
+        changed = False
         now = time.monotonic()
         for source in self.sources.values():
             if source.unseen_since is None:
                 source.unseen_since = now
         for candidate in discover(self.settings.roots, self.settings.default_rank, self.settings.out):
-            try:
-                identity = Identity.of(os.stat(candidate.path))
-            except OSError:
+            if candidate.summary:
+                self.summaries.add(candidate.path)
                 continue
-            source = self.sources.get(identity)
-            if source is None:
-                source = self._open_source(candidate, identity)
+            if candidate.ranked and self.aggregator is not None:
+                self.aggregator.expected.add(candidate.rank)
+            try:
+                source = self.sources.get(Identity.of(os.stat(candidate.path)))
                 if source is None:
-                    continue
-                self.sources[identity] = source
-                added.append(source)
-            else:
-                source.tail.path = candidate.path  # renamed (rotated): reopen under the new name
-                source.candidate = candidate
+                    tail = FileTail.open(candidate.path, self.settings.max_line)
+                    source = self.sources.get(tail.identity)  # the path changed hands in between
+                    if source is not None:
+                        tail.close()
+                    else:
+                        source = self.sources[tail.identity] = self._open_source(candidate, tail)
+                        added.append(source)
+            except FileNotFoundError:
+                changed = True  # renamed or deleted between the listing and now
+                continue
+            except OSError:
+                continue  # unreadable (permissions): the next scan tries again
+            changed = changed or source.candidate != candidate or source.unseen_since != now
+            source.tail.path = candidate.path  # renamed (rotated) files are found under the new name
+            source.candidate = candidate
             source.unseen_since = None
-        return added
+        return changed or any(s.unseen_since == now for s in self.sources.values())
 
-    def _open_source(self, candidate: Candidate, identity: Identity) -> Source | None:
+    def moved(self) -> bool:
+        """Has a followed path been vacated, or does it now hold a file not followed yet?
+
+        One ``stat`` per file; it lets the live loop rescan right after a rotation or a
+        delete + recreate, so steps written to the new file wait for no rescan interval.
+        """
+        for source in self.sources.values():
+            try:
+                identity = Identity.of(os.stat(source.tail.path))
+            except OSError:
+                if source.unseen_since is None:
+                    return True
+                continue
+            if identity not in self.sources:
+                return True
+        return False
+
+    def _open_source(self, candidate: Candidate, tail: FileTail) -> Source:
         router = RankRouter(candidate.rank, self.settings.rank_pattern)
-        tail = FileTail(candidate.path, identity, max_line=self.settings.max_line)
         source = Source(candidate, tail, router, self.settings.companion_wait)
-        restored = self._restored_files.pop(identity.key(), None)
+        restored = self._restored_files.pop(tail.identity.key(), None)
         try:
             if restored is not None:
                 tail.offset, tail.skipping = restored.offset, restored.skipping
@@ -160,11 +219,11 @@ class Engine:
                     log.info("%s changed while the sidecar was not running; reading it again from the start",
                              candidate.path)
             elif self.settings.from_end:
-                tail.offset = _end_of_last_line(tail)
+                tail.start_at_end()
         except OSError as exc:
             log.warning("cannot open %s: %s", candidate.path, exc)
             tail.close()
-            return None
+            raise
         return source
 
     # -- reading ---------------------------------------------------------------------------
@@ -172,13 +231,23 @@ class Engine:
         return sorted(self.sources.values(), key=lambda s: s.candidate.order())
 
     def pump(self, budget: int, now: float) -> int:
-        """Read and process up to ``budget`` bytes per file; older files of a chain first."""
+        """Read and process up to ``budget`` bytes per file; older files of a chain first.
+
+        A newer file of a rotation chain is read only once the older ones gave every complete
+        line (a partial last line that may never be finished does not hold it up). When the
+        newer file has lines, records still held in the older ones are released first: the
+        writer moved on, so their companion line (a bar split off by the rollover) is not
+        coming there, and releasing them later would put their step after the newer ones.
+        """
         total = 0
         blocked_chain: str | None = None
+        drained: list[Source] = []  # older files of the current chain, read to their end
         for source in self.ordered_sources():
             chain = source.candidate.chain
             if chain == blocked_chain:
-                continue  # an older file of this rotation chain still has bytes to give
+                continue  # an older file of this rotation chain still has lines to give
+            if drained and drained[0].candidate.chain != chain:
+                drained = []
             before = source.tail.bytes_read
             try:
                 lines = source.tail.read(budget)
@@ -186,12 +255,19 @@ class Engine:
                 self._lose(source, exc)
                 continue
             total += source.tail.bytes_read - before
+            if lines:
+                for older in drained:
+                    self._release(older)
             for start, raw in lines:
                 self._line(source, start, raw, now)
-            if not source.tail.at_eof:
+            if source.tail.starved:
                 blocked_chain = chain
+            else:
+                drained.append(source)
         self.bytes_read += total
-        return total
+        if self.aggregator is not None:
+            self.aggregator.ready = True  # every file was read once: its ranks are known
+        return total + self.summaries.pump()
 
     def _line(self, source: Source, start: int, raw: bytes, now: float) -> None:
         source.lines += 1
@@ -200,16 +276,22 @@ class Engine:
             text = text[:-1]
         rank, body = source.router.route(text)
         stream = source.stream(rank)
+        if self.aggregator is not None:
+            self.aggregator.expected.add(rank)
         message = stream.prefix.split(body)
         parsed = parse_message(message)
         if isinstance(parsed, MalformedLine):
             source.malformed += 1
             parsed = None
+        elif isinstance(parsed, PipelineLine) and self.aggregator is not None:
+            self.aggregator.note_pipeline(parsed)
         for record in stream.assembler.feed(parsed, message.timestamp, start, now):
             self._deliver(rank, stream, record)
 
     def tick(self, now: float) -> None:
         """Release held records whose companion line did not come in time (live mode)."""
+        if self.aggregator is not None:
+            self.aggregator.flush_due(now)
         for source in self.sources.values():
             for rank, stream in source.streams.items():
                 for record in stream.assembler.flush_due(now):
@@ -218,11 +300,30 @@ class Engine:
     def end_of_input(self) -> None:
         """Release every held record (replay: nothing more will come)."""
         for source in self.sources.values():
-            for rank, stream in source.streams.items():
-                for record in stream.assembler.flush():
-                    self._deliver(rank, stream, record)
+            self._release(source)
+        if self.aggregator is not None:
+            self.aggregator.flush()
+
+    def _release(self, source: Source) -> None:
+        for rank, stream in source.streams.items():
+            for record in stream.assembler.flush():
+                self._deliver(rank, stream, record)
 
     # -- delivery --------------------------------------------------------------------------
+    def run_writer(self, name: str) -> RunWriter:
+        """The writer of run ``name``: a rank's own for ``rank_N``, else one of its own."""
+        rank = _RANK_RUN.fullmatch(name)
+        if rank:
+            return self.rank(int(rank.group(1))).writer
+        writer = self._other_runs.get(name)
+        if writer is None:
+            writer = self._other_runs[name] = RunWriter(self.settings.out / name)
+        return writer
+
+    def _extra_writers(self) -> list[RunWriter]:
+        extra = list(self._other_runs.values())
+        return extra + [self.aggregator.writer] if self.aggregator is not None else extra
+
     def rank(self, rank: int) -> Rank:
         entry = self.ranks.get(rank)
         if entry is None:
@@ -236,6 +337,9 @@ class Engine:
             run = self._restored.runs.get(key)
             since = RunView(dict(run.watermarks), run.file, run.size) if run else None
             entry = self.ranks[rank] = Rank(self.settings.out / f"rank_{rank}", sequencer, since)
+            view = entry.writer.view
+            if view.newest is not None:
+                sequencer.catch_up(*view.newest, view.segment_wall)
         return entry
 
     def _deliver(self, rank_id: int, stream: Stream, record: Record) -> None:
@@ -245,6 +349,8 @@ class Engine:
             went_back = stream.prev_step is not None and record.step < stream.prev_step
             stream.prev_step = record.step
             verdict = rank.sequencer.judge(record, went_back)
+            if verdict is not Verdict.STALE and self.aggregator is not None:
+                self.aggregator.observe(rank_id, record, time.monotonic(), verdict is Verdict.RESUME)
             if verdict is Verdict.DUPLICATE:
                 stats.duplicates += 1
                 return
@@ -280,10 +386,14 @@ class Engine:
         """Make written events visible to TensorBoard (no fsync)."""
         for rank in self.ranks.values():
             rank.writer.flush()
+        for writer in self._extra_writers():
+            writer.flush()
 
     def checkpoint(self) -> None:
         """Durability barrier for events, then the offsets that depend on them."""
-        state = State()
+        state = State(summaries=self.summaries.offsets())
+        for writer in self._extra_writers():
+            writer.sync()
         for rank_id, rank in self.ranks.items():
             view = rank.writer.sync()
             seq = rank.sequencer
@@ -330,42 +440,37 @@ class Engine:
         """Stop following files that left discovery ``quiet`` seconds ago and were read to the end.
 
         A renamed-away file may still be appended to by a writer that holds it open, so it is
-        kept (and read) for the quiet period; one with unread bytes is never dropped.
+        kept (and read) for the quiet period; one with unread bytes (by a fresh ``fstat``, not
+        the size the last read saw) is never dropped.
         """
         now = time.monotonic()
         for identity, source in list(self.sources.items()):
             if (
                 source.unseen_since is not None
                 and now - source.unseen_since >= quiet
-                and source.tail.at_eof
                 and all(s.assembler.pending_offset is None for s in source.streams.values())
+                and source.tail.drained()
             ):
                 source.tail.close()
                 del self.sources[identity]
 
+    def abandon(self) -> None:
+        """After a write error: close everything without writing what is still buffered."""
+        for rank in self.ranks.values():
+            rank.writer.abandon()
+        for writer in self._extra_writers():
+            writer.abandon()
+        for source in self.sources.values():
+            source.tail.close()
+
     def close(self) -> None:
         for rank in self.ranks.values():
             rank.writer.close()
+        for writer in self._extra_writers():
+            writer.close()
         for source in self.sources.values():
             source.tail.close()
 
 
 def _finite(value: float) -> float | None:
     return value if value != float("-inf") else None
-
-
-def _end_of_last_line(tail: FileTail) -> int:
-    """Offset just after the last newline, so ``--from-end`` never starts mid-line."""
-    size = tail.stat().st_size
-    fd_path = tail.path
-    with open(fd_path, "rb") as fh:
-        pos = size
-        while pos > 0:
-            step = min(65536, pos)
-            fh.seek(pos - step)
-            chunk = fh.read(step)
-            nl = chunk.rfind(b"\n")
-            if nl >= 0:
-                return pos - step + nl + 1
-            pos -= step
-    return 0

@@ -22,18 +22,30 @@ from sidecar.tfrecord import CorruptRecord, iter_records
 
 @dataclass
 class RunView:
-    """Newest step per tag, and where the scan stopped (the resume point for the next scan)."""
+    """Newest step per tag, and where the scan stopped (the resume point for the next scan).
+
+    ``newest`` (step, wall time of the last point read) and ``segment_wall`` (wall time of the
+    last START that purged points, i.e. a training resume) describe only what the scan read
+    after its starting position: what a crash wrote after the last checkpoint. The sequencer
+    catches up with them, so lines re-read from the checkpoint are judged against what the run
+    already holds, not against the older checkpoint (a dead segment's lines then stay dead).
+    """
 
     watermarks: dict[str, int] = field(default_factory=dict)
     file: str = ""
     size: int = 0
+    newest: tuple[int, float] | None = None
+    segment_wall: float | None = None
 
     def apply(self, event: event_pb2.Event) -> None:
         if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
             cut = event.step
+            if any(step >= cut for step in self.watermarks.values()):
+                self.segment_wall = event.wall_time
             self.watermarks = {tag: min(step, cut - 1) for tag, step in self.watermarks.items() if cut > 0}
             return
         if event.HasField("summary"):
+            self.newest = (event.step, event.wall_time)
             for value in event.summary.value:
                 if self.watermarks.get(value.tag, -1) < event.step:
                     self.watermarks[value.tag] = event.step

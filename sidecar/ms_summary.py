@@ -24,6 +24,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 from tensorboardX.proto.summary_pb2 import HistogramProto, Summary
 
+from sidecar.discovery import SUMMARY_NAME
 from sidecar.tfrecord import CorruptRecord, iter_records
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,6 @@ def _message_classes(source: str) -> dict[str, Any]:
 
 _MSG = _message_classes(_PROTO)
 
-SUMMARY_RE = re.compile(r"\.out\.events\.summary\.(\d+)\..*(_MS|_lineage)$")
 # A record header's u64 length is < 2**32 (tfrecord caps it far lower), so its bytes 4..7
 # are zero; resync only tries offsets where they are.
 _ZERO_HIGH_BYTES = b"\0\0\0\0"
@@ -119,7 +119,7 @@ def find_summary_files(directory: str | Path) -> list[Path]:
     """
     found = []
     for path in Path(directory).iterdir():
-        match = SUMMARY_RE.search(path.name)
+        match = SUMMARY_NAME.fullmatch(path.name)
         if match and path.is_file():
             found.append((int(match.group(1)), path.name, path))
     return [path for _, _, path in sorted(found)]

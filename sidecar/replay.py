@@ -22,7 +22,7 @@ READ_BUDGET = 4 << 20
 CHECKPOINT_EVERY = 5.0
 
 
-def settings_from(config: SidecarConfig) -> Settings:
+def settings_from(config: SidecarConfig, live: bool) -> Settings:
     return Settings(
         out=config.out,
         roots=config.paths,
@@ -32,18 +32,21 @@ def settings_from(config: SidecarConfig) -> Settings:
         max_line=config.max_line_bytes,
         companion_wait=config.companion_wait,
         rank_pattern=config.rank_pattern,
+        aggregate=config.aggregate,
+        aggregate_timeout=config.aggregate_timeout if live else float("inf"),
+        loss_ranks=set(config.loss_ranks) if config.loss_ranks is not None else None,
     )
 
 
 def run_replay(config: SidecarConfig) -> int:
     started = time.monotonic()
-    engine = Engine(settings_from(config))
+    engine = Engine(settings_from(config, live=False))
     try:
         engine.scan()
-        if not engine.sources:
+        if not engine.sources and not engine.summaries.files:
             log.warning(
                 "no mindformers logs found under %s (looked for rank_N/info.log, worker_N.log, "
-                "mindformer(s).log); nothing to do",
+                "mindformer(s).log and MindSpore *_MS summaries); nothing to do",
                 ", ".join(map(str, config.paths)),
             )
             return 0

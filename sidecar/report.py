@@ -27,7 +27,8 @@ def summary(engine: Engine, seconds: float) -> str:
         f"read {len(sources)} file(s), {engine.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
         f"-> {engine.settings.out}"
     ]
-    if not engine.ranks:
+    if not engine.ranks and not engine.summaries.events:
+        lines.append("nothing new since the last run")
         return "\n".join(lines)
     header = ("rank", "steps", "first", "last", "format", "metrics", "skipped", "dups")
     rows = [header]
@@ -54,6 +55,11 @@ def summary(engine: Engine, seconds: float) -> str:
     resumes = sum(r.stats.resumes for r in engine.ranks.values())
     if resumes:
         lines.append(f"training resumed {resumes} time(s); superseded points are hidden by TensorBoard")
+    if engine.aggregator is not None and engine.aggregator.writer.points_written:
+        lines.append(f"cross-rank aggregate: {engine.aggregator.writer.run_dir.relative_to(engine.settings.out)}")
+    if engine.summaries.events:
+        lines.append(f"converted {engine.summaries.events} MindSpore summary event(s) "
+                     f"from {len(engine.summaries.files)} file(s)")
     alerts = sum(engine.alerts.counts.values())
     if alerts:
         lines.append(f"{alerts} alert(s) (non-finite values, errors); see the warnings above")

@@ -45,6 +45,15 @@ class RankSequencer:
         """Eval/checkpoint/marker records from before the latest resume belong to a dead segment."""
         return record.wall_time is None or record.wall_time >= self.segment_wall
 
+    def catch_up(self, step: int, wall: float, segment_wall: float | None) -> None:
+        """The run already holds a point newer than this (checkpointed) state: it was written
+        after the checkpoint, before a crash. Judge the lines re-read from the checkpoint
+        against it, so they are duplicates (or stale), never new points or a second resume."""
+        if wall > self.last_wall:
+            self.last_step, self.last_wall = step, wall
+        if segment_wall is not None and segment_wall > self.segment_wall:
+            self.segment_wall = segment_wall
+
     def judge(self, record: Record, stream_went_back: bool) -> Verdict:
         """Classify a training-step record and advance the state when it is kept."""
         step, wall = record.step, record.wall_time

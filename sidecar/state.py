@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class FileState(BaseModel):
     path: str
     dev: int
     ino: int
-    offset: int
+    offset: int = Field(ge=0)
     skipping: bool = False
     head: str
     marker: str
@@ -46,7 +46,7 @@ class RankState(BaseModel):
 
 class RunState(BaseModel):
     file: str = ""
-    size: int = 0
+    size: int = Field(0, ge=0)
     watermarks: dict[str, int] = {}
 
 
@@ -55,6 +55,7 @@ class State(BaseModel):
     files: list[FileState] = []
     ranks: dict[str, RankState] = {}
     runs: dict[str, RunState] = {}
+    summaries: dict[str, int] = {}  # MindSpore summary file "dev:ino" -> offset
 
 
 def instance_name(raw: str) -> str:
@@ -68,7 +69,7 @@ class StateStore:
 
     def load(self) -> State:
         try:
-            raw = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()  # decoded by json.loads: bad UTF-8 is corruption too
         except FileNotFoundError:
             return State()
         except OSError as exc:

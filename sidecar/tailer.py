@@ -8,10 +8,14 @@ Assumptions and how each is guarded:
 
 - The file is identified by ``(st_dev, st_ino)``, not its path: mindformers rotates by rename
   (``info.log`` -> ``info.log.1``), so the open descriptor keeps reading the renamed file to
-  EOF while the new ``info.log`` becomes a different tail.
+  EOF while the new ``info.log`` becomes a different tail. The descriptor is opened when the
+  file is found and is the file from then on; the path is only where it was last seen.
 - A file shorter than our offset was truncated in place (msrun truncates ``worker_N.log`` when
-  a new job reuses ``--log_dir``): reading restarts at 0. A copytruncate by a writer without
-  ``O_APPEND`` leaves a run of NUL bytes, which is dropped from the line start.
+  a new job reuses ``--log_dir``): reading restarts at 0. A file truncated and refilled past our
+  offset between two looks is caught by the content check: every read first checks that the
+  file's head and the bytes just before the offset are unchanged, and a mismatch also restarts
+  at 0. A copytruncate by a writer without ``O_APPEND`` leaves a run of NUL bytes, which is
+  skipped between lines.
 - A restored offset is trusted only if the file still holds the same bytes before it (the
   *offset marker*) and the same head; otherwise the file is read from 0. Re-reading is safe
   because the sequencer drops records it has already written; skipping would lose data.
@@ -22,6 +26,7 @@ Assumptions and how each is guarded:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from dataclasses import dataclass
@@ -29,7 +34,6 @@ from pathlib import Path
 
 HEAD_BYTES = 1024
 MARKER_BYTES = 64
-_NUL = b"\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +56,32 @@ def _digest(data: bytes) -> str:
 class FileTail:
     """Reads complete lines from one file; see the module docstring for the contract."""
 
-    def __init__(self, path: Path, identity: Identity, offset: int = 0, max_line: int = 1 << 20) -> None:
+    def __init__(self, path: Path, fd: int, max_line: int = 1 << 20) -> None:
         self.path = path
-        self.identity = identity
-        self.offset = offset
+        self.identity = Identity.of(os.fstat(fd))
+        self.offset = 0
         self.max_line = max_line
         self.skipping = False
         self.long_lines = 0
         self.truncations = 0
         self.size = 0
         self.bytes_read = 0
-        self._fd: int | None = None
+        self.starved = False  # the last read stopped at its byte limit, complete lines may follow
+        self._fd: int | None = fd
+        # The file's first bytes and the bytes just before the offset, as read: a file that
+        # still holds both was appended to, not rewritten.
+        self._head = b""
+        self._before = b""
+
+    @classmethod
+    def open(cls, path: Path, max_line: int = 1 << 20) -> "FileTail":
+        """Open ``path`` now: whatever file it names at this instant is the one followed."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return cls(path, fd, max_line)
+        except BaseException:
+            os.close(fd)
+            raise
 
     # -- identity checks -------------------------------------------------------------------
     def fingerprint(self) -> tuple[str, str]:
@@ -78,11 +97,34 @@ class FileTail:
         try:
             size = os.fstat(self._open()).st_size
             ok = size >= self.offset and self.fingerprint() == (head, marker)
+            if ok:
+                self._remember()
         except OSError:
             ok = False
         if not ok:
             self.offset, self.skipping = 0, False
         return ok
+
+    def start_at_end(self) -> None:
+        """Skip what the file holds now, up to its last newline (``--from-end``)."""
+        fd = self._open()
+        pos = os.fstat(fd).st_size
+        while pos > 0:
+            step = min(65536, pos)
+            nl = os.pread(fd, step, pos - step).rfind(b"\n")
+            if nl >= 0:
+                self.offset = pos - step + nl + 1
+                break
+            pos -= step
+        self._remember()
+
+    def _remember(self) -> None:
+        """Take the bytes before the offset, as they are now, as the reference for later reads
+        (at once: a file rewritten before the first read must not become the reference)."""
+        fd = self._open()
+        self._head = os.pread(fd, min(HEAD_BYTES, self.offset), 0)
+        start = max(0, self.offset - MARKER_BYTES)
+        self._before = os.pread(fd, self.offset - start, start)
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, budget: int) -> list[tuple[int, bytes]]:
@@ -90,16 +132,20 @@ class FileTail:
         fd = self._open()
         self.size = size = os.fstat(fd).st_size
         if size < self.offset:
-            self.truncations += 1
-            self.offset, self.skipping = 0, False
+            self._restart()
+        self.starved = False
         if size == self.offset:
             return []
-        data = os.pread(fd, min(max(budget, self.max_line + 1), size - self.offset), self.offset)
+        data = self._read_checked(fd, max(budget, self.max_line + 1), size)
         lines: list[tuple[int, bytes]] = []
         base = self.offset
+        self.starved = base + len(data) < size
         pos = 0
         end = len(data)
         while pos < end:
+            if data[pos] == 0:  # copytruncate filler (rare, so the copy does not matter)
+                pos = end - len(data[pos:].lstrip(b"\x00"))
+                continue
             nl = data.find(b"\n", pos)
             if nl < 0:
                 if self.skipping or end - pos >= self.max_line:
@@ -113,18 +159,47 @@ class FileTail:
             elif nl - pos > self.max_line:
                 self.long_lines += 1
             else:
-                line = data[pos:nl]
-                if line[:1] == _NUL:
-                    line = line.lstrip(_NUL)
-                lines.append((base + pos, line))
+                lines.append((base + pos, data[pos:nl]))
             pos = nl + 1
         self.offset = base + pos
         self.bytes_read += pos
+        if len(self._head) < HEAD_BYTES:
+            self._head += data[: min(pos, HEAD_BYTES - len(self._head))]
+        self._before = (self._before + data[max(0, pos - MARKER_BYTES) : pos])[-MARKER_BYTES:]
         return lines
 
-    @property
-    def at_eof(self) -> bool:
-        return self.offset >= self.size and not self.skipping
+    def _read_checked(self, fd: int, limit: int, size: int) -> bytes:
+        """Up to ``limit`` bytes from the offset, once the file is known to be the same file.
+
+        It must still start with the bytes it started with and still hold the bytes just before
+        the offset; a file truncated and refilled past the offset between two looks fails one or
+        the other (lines of equal length can repeat the bytes before the offset, but the first
+        line's timestamp is new). Small files cost one ``pread``, larger ones two.
+        """
+        want = min(limit, size - self.offset)
+        if self.offset <= HEAD_BYTES:  # the head is everything before the offset
+            chunk = os.pread(fd, self.offset + want, 0)
+            if chunk[: self.offset] == self._head:
+                return chunk[self.offset :]
+        else:
+            keep = len(self._before)
+            chunk = os.pread(fd, keep + want, self.offset - keep)
+            if chunk[:keep] == self._before and os.pread(fd, HEAD_BYTES, 0) == self._head:
+                return chunk[keep:]
+        self._restart()  # rewritten in place (truncated and refilled past our offset)
+        return os.pread(fd, min(limit, size), 0)
+
+    def _restart(self) -> None:
+        self.truncations += 1
+        self.offset, self.skipping = 0, False
+        self._head = self._before = b""
+
+    def drained(self) -> bool:
+        """Nothing after the offset right now; a file that cannot be read counts as drained."""
+        try:
+            return not self.skipping and os.fstat(self._open()).st_size <= self.offset
+        except OSError:
+            return True
 
     def stat(self) -> os.stat_result:
         return os.fstat(self._open())
@@ -134,15 +209,7 @@ class FileTail:
             os.close(self._fd)
             self._fd = None
 
-    @property
-    def is_open(self) -> bool:
-        return self._fd is not None
-
     def _open(self) -> int:
         if self._fd is None:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            if Identity.of(os.fstat(fd)) != self.identity:
-                os.close(fd)
-                raise FileNotFoundError(f"{self.path} is no longer the file being followed")
-            self._fd = fd
+            raise OSError(errno.EBADF, f"{self.path} is no longer followed")
         return self._fd

@@ -80,5 +80,9 @@ class WakeUp:
 
     def stop(self) -> None:
         if self._observer is not None:
+            # Stopping races an emitter thread's last read, which watchdog logs as an ERROR
+            # ("queue_events() called when the thread is inactive"); nothing is lost at exit, and
+            # a spurious error line must not stand next to (or in for) the real reason we stop.
+            logging.getLogger("watchdog.observers.inotify").setLevel(logging.CRITICAL)
             self._observer.stop()
             self._observer.join(timeout=5)

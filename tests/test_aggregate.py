@@ -17,6 +17,7 @@ def step(step: int, loss: float | None, ms: float = 500.0, wall: float = 1000.0)
 
 def test_a_step_is_written_once_every_rank_reported_it(tmp_path: Path) -> None:
     agg = CrossRankAggregator(tmp_path / "agg", timeout=1e9)
+    agg.ready = True
     agg.expected = {0, 1}
     agg.observe(0, step(1, 2.0), now=0)
     agg.observe(0, step(2, 3.0), now=0)
@@ -32,6 +33,7 @@ def test_a_step_is_written_once_every_rank_reported_it(tmp_path: Path) -> None:
 
 def test_live_timeout_writes_what_arrived(tmp_path: Path) -> None:
     agg = CrossRankAggregator(tmp_path / "agg", timeout=5)
+    agg.ready = True
     agg.expected = {0, 1}
     agg.observe(0, step(1, 2.0), now=0)
     agg.flush_due(now=4)
@@ -42,6 +44,7 @@ def test_live_timeout_writes_what_arrived(tmp_path: Path) -> None:
 
 def test_pipeline_parallel_uses_only_last_stage_loss(tmp_path: Path) -> None:
     agg = CrossRankAggregator(tmp_path / "agg", timeout=1e9)
+    agg.ready = True
     agg.expected = {0, 1, 2, 3}
     agg.note_pipeline(PipelineLine(2))
     for rank, value in enumerate([99.0, 98.0, 2.0, 4.0]):
@@ -54,6 +57,7 @@ def test_pipeline_parallel_uses_only_last_stage_loss(tmp_path: Path) -> None:
 
 def test_loss_ranks_override(tmp_path: Path) -> None:
     agg = CrossRankAggregator(tmp_path / "agg", timeout=1e9, loss_ranks={0})
+    agg.ready = True
     agg.expected = {0, 1}
     agg.note_pipeline(PipelineLine(2))
     for rank, value in enumerate([1.0, 5.0]):
@@ -65,6 +69,7 @@ def test_loss_ranks_override(tmp_path: Path) -> None:
 
 def test_non_last_stage_without_loss_does_not_block(tmp_path: Path) -> None:
     agg = CrossRankAggregator(tmp_path / "agg", timeout=1e9)
+    agg.ready = True
     agg.observe(0, step(1, None), now=0)
     agg.observe(1, step(1, 2.5), now=0)
     agg.observe(0, step(2, None), now=0)
@@ -75,6 +80,7 @@ def test_non_last_stage_without_loss_does_not_block(tmp_path: Path) -> None:
 
 def test_a_nan_rank_makes_the_mean_nan_not_hidden(tmp_path: Path) -> None:
     agg = CrossRankAggregator(tmp_path / "agg", timeout=1e9)
+    agg.ready = True
     agg.observe(0, step(1, math.nan), now=0)
     agg.observe(1, step(1, 2.0), now=0)
     agg.flush()
@@ -85,6 +91,7 @@ def test_a_nan_rank_makes_the_mean_nan_not_hidden(tmp_path: Path) -> None:
 
 def test_resume_supersedes_the_aggregate(tmp_path: Path) -> None:
     agg = CrossRankAggregator(tmp_path / "agg", timeout=1e9)
+    agg.ready = True
     for s in (1, 2, 3):
         for rank in (0, 1):
             agg.observe(rank, step(s, float(s)), now=0)

@@ -369,3 +369,56 @@ def test_read_lineage(ms_run: MsRun) -> None:
         "final_loss": float(str(np.float32(last_loss))),
         "model_path": '{"ckpt": null}', "model_size": 0,
         "model_name": "tiny-dense", "seed": 7}
+
+
+def test_cli_replay_converts_summary_dirs_into_runs(ms_run: MsRun, tmp_path: Path) -> None:
+    """`_MS` files found under replay's paths become runs named after their directory, with the
+    lineage as a text event, exactly once over two replays."""
+    from sidecar.cli import main
+    from tb_read import raw_points, scalars, texts
+
+    out = tmp_path / "out"
+    for _ in range(2):
+        assert main(["replay", str(ms_run.train_dir.parent), "--out", str(out), "--quiet"]) == 0
+    shown = scalars(out / "train")
+    steps = list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+    assert shown["loss/auto"] == {s: float(np.float32(ms_run.losses[s])) for s in steps}
+    assert "lineage/text_summary" in texts(out / "train")
+    assert "| optimizer | Momentum |" in texts(out / "train")["lineage/text_summary"][max(steps)]
+    assert max(raw_points(out / "train").values()) == 1
+    assert scalars(out / "custom")  # the SummaryRecord directory is a run of its own
+
+
+def test_live_sidecar_follows_a_summary_file_being_written(ms_run: MsRun, tmp_path: Path) -> None:
+    """A growing `_MS` file under --watch is converted as it grows, records arriving in pieces;
+    mindformers' output/summary/rank_N becomes run rank_N."""
+    import signal
+    import time
+
+    from tb_read import scalars
+
+    source = only(ms_run.train_dir, "_MS")
+    data = source.read_bytes()
+    rank_dir = tmp_path / "output" / "summary" / "rank_3"
+    rank_dir.mkdir(parents=True)
+    target = rank_dir / source.name
+    target.write_bytes(b"")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "--watch", str(tmp_path / "output"),
+                             "--out", str(out), "-q"])
+    steps = list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+    try:
+        with target.open("ab") as fh:
+            for i in range(0, len(data), 333):  # cuts records mid-header and mid-payload
+                fh.write(data[i:i + 333])
+                fh.flush()
+                time.sleep(0.01)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if (out / "rank_3").exists() and len(scalars(out / "rank_3").get("loss/auto", {})) == len(steps):
+                break
+            time.sleep(0.3)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    assert scalars(out / "rank_3")["loss/auto"] == {s: float(np.float32(ms_run.losses[s])) for s in steps}

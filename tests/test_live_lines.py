@@ -1,0 +1,127 @@
+"""Live daemon: partial lines, over-long lines and bad bytes.
+
+A partial last line is never parsed before its newline (the cut is placed inside the loss
+value, so parsing early would write a wrong value) and the checkpoint never points inside a
+line, also across a restart. Lines over the cap are skipped and counted while the file keeps
+being followed. Invalid UTF-8, NUL bytes and CRLF endings crash nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from live_helpers import LiveEnv, all_written, free_port, raw_run, scrape, wait_until
+
+pytest_plugins = ["live_helpers"]
+
+
+def _cut_in_loss(record: bytes) -> int:
+    """A cut point inside the loss number of a head line: ``loss: 1000`` | ``12.000000``."""
+    return record.index(b"loss: ") + len(b"loss: ") + 4
+
+
+def _checkpointed_offsets_on_line_starts(live: LiveEnv) -> list[int]:
+    state = json.loads(live.state_file().read_text())
+    offsets = []
+    for entry in state["files"]:
+        data = open(entry["path"], "rb").read()
+        offset = entry["offset"]
+        assert offset == 0 or data[offset - 1 : offset] == b"\n", f"checkpoint inside a line: {entry}"
+        offsets.append(offset)
+    return offsets
+
+
+def test_partial_line_is_held_until_complete(live: LiveEnv) -> None:
+    log = live.info_log(1)
+    log.step(5)
+    sidecar = live.sidecar().start()
+    wait_until(lambda: all_written(live.out, [log]), 10, "the first steps")
+    record = log.take()
+    cut = _cut_in_loss(record)
+    log.write(record[:cut])
+    time.sleep(1.0)  # four poll intervals and a checkpoint with the partial line pending
+    assert len(raw_run(live.out / "rank_1").points) == 5, "a partial line was parsed"
+    _checkpointed_offsets_on_line_starts(live)
+    log.write(record[cut:])
+    log.step(3)
+    live.finish(sidecar, [log])
+
+
+def test_partial_line_completed_after_a_restart(live: LiveEnv) -> None:
+    """SIGTERM (then SIGKILL) with a half-written head pending, completed while down."""
+    log = live.info_log(0)
+    log.step(10)
+    sidecar = live.sidecar().start()
+    for stop in (sidecar.stop, sidecar.kill):
+        wait_until(lambda: all_written(live.out, [log]), 10, "the steps so far")
+        record = log.take()
+        cut = _cut_in_loss(record)
+        log.write(record[:cut])
+        time.sleep(1.2)  # let a checkpoint happen with the partial line pending
+        stop()
+        assert _checkpointed_offsets_on_line_starts(live)
+        log.write(record[cut:])
+        log.step(2)
+        sidecar.start()
+    live.finish(sidecar, [log])
+
+
+def test_head_waiting_for_its_bar_across_a_restart(live: LiveEnv) -> None:
+    """The head line is complete, its bar line not yet: the held head is not lost by a kill."""
+    log = live.info_log(0)
+    log.step(5)
+    sidecar = live.sidecar().start()
+    wait_until(lambda: all_written(live.out, [log]), 10, "the first steps")
+    record = log.take()
+    head_end = record.index(b"\n") + 1
+    log.write(record[:head_end])
+    time.sleep(0.2)
+    sidecar.kill()
+    log.write(record[head_end:])
+    log.step(2)
+    sidecar.start()
+    live.finish(sidecar, [log])
+
+
+def test_long_lines_are_skipped_and_counted(live: LiveEnv) -> None:
+    """Lines of 3 MiB (cap 1 MiB), one arriving in pieces and one cut by a restart."""
+    port = free_port()
+    log = live.info_log(0)
+    log.step(5)
+    sidecar = live.sidecar("--metrics-port", str(port)).start()
+    log.write(b"[INFO] x" + b"y" * (3 << 20) + b"\n")
+    log.step(5)
+    log.write(b"[INFO] z" + b"w" * (1 << 20))
+    time.sleep(0.3)
+    log.write(b"w" * (1 << 20))
+    time.sleep(0.3)
+    log.write(b"w" * (1 << 20) + b"\n")
+    log.step(5)
+    wait_until(lambda: all_written(live.out, [log]), 10, "the steps around the long lines")
+    assert wait_until(lambda: (scrape(port, "mstb_sidecar_bad_lines_total") or 0) >= 2, 5, "the long-line counter")
+    log.write(b"[INFO] q" + b"z" * (2 << 20))  # over the cap, no newline yet
+    time.sleep(0.5)
+    rc, _ = sidecar.stop()
+    assert rc == 0
+    log.write(b"z" * 1000 + b"\n")
+    log.step(5)
+    sidecar.start()
+    live.finish(sidecar, [log])
+
+
+def test_bad_bytes_never_crash(live: LiveEnv) -> None:
+    """Invalid UTF-8, NUL bytes, CRLF endings, empty lines between and inside records."""
+    log = live.worker_log(2)
+    log.step(3)
+    sidecar = live.sidecar().start()
+    log.write(b"\xff\xfe\xc3\x28 invalid utf-8 \xed\xa0\x80\n\n\n")
+    log.write(b"\x00\x00\x00\x00\n")
+    log.step(2)
+    log.write(log.take().replace(b"\n", b"\r\n"))  # a Windows-style record
+    log.write(b"[INFO] 2026-11-29 10:00:00,000 [a.py:1] f: \x00 NUL inside \x80\x81\n")
+    log.write(b"\x00" * 5000)  # a copytruncate-style NUL run before the next line
+    log.step(3)
+    log.write(b"[INFO] \xff{ Epoch:[  1/  1], step:[\xff\xfe/100000], loss: \xc3\x28\n")
+    log.step(3)
+    live.finish(sidecar, [log])

@@ -1,0 +1,78 @@
+"""Many ranks at once: 1024 rank files followed with bounded descriptors and memory, and an idle
+sidecar that costs well under 1% of a core."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tb_read import scalars
+
+RANKS = int(os.environ.get("MSTB_SCALE_RANKS", "1024"))
+LINE = ("[INFO] 2026-11-29 10:00:{s:02d},{ms:03d} [mindformers/core/callback/callback.py:747] print_output_info: "
+        "{{ step:[{step:5d}/  100], loss: {loss:10.6f}, per_step_time:    500ms, grad_norm:   0.500000, throughput:   1.00T }}\n")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _append(root: Path, step: int) -> None:
+    for rank in range(RANKS):
+        with open(root / f"rank_{rank}" / "info.log", "a") as fh:
+            fh.write(LINE.format(s=step, ms=rank % 1000, step=step, loss=rank + step / 100))
+
+
+def _wait_for(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.slow
+def test_many_rank_files_bounded_fds_memory_and_idle_cost(tmp_path: Path) -> None:
+    logs, out = tmp_path / "log", tmp_path / "out"
+    for rank in range(RANKS):
+        (logs / f"rank_{rank}").mkdir(parents=True)
+    _append(logs, 1)
+    proc = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "--watch", str(logs), "--out", str(out), "-q"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        state = out / ".mstb-sidecar"
+        assert _wait_for(lambda: state.exists() and len(list(out.glob("rank_*"))) == RANKS, 120), "first pass"
+        for step in (2, 3):
+            _append(logs, step)
+        last = out / f"rank_{RANKS - 1}"
+        assert _wait_for(lambda: len(scalars(last).get("loss", {})) == 3, 60), "live appends"
+        fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        rss = _rss_mb(proc.pid)
+        time.sleep(3)  # settle: checkpoint written, nothing pending
+        cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(10)
+        idle = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        print(f"\n{RANKS} files: {fds} fds, RSS {rss:.0f} MB, idle CPU {idle * 100:.2f}% of a core")
+        assert fds <= RANKS + 64
+        assert rss < 400
+        assert idle < 0.01
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    for rank in (0, RANKS // 2, RANKS - 1):
+        assert sorted(scalars(out / f"rank_{rank}")["loss"]) == [1, 2, 3]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import resource
 import sys
 from pathlib import Path
 
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare_out(config.out)
     except ConfigError as exc:
         parser.exit(EXIT_USAGE, f"{parser.prog}: error: {exc}\n")
+    _raise_fd_limit()
     try:
         if replay:
             from sidecar.replay import run_replay
@@ -100,6 +102,17 @@ def main(argv: list[str] | None = None) -> int:
         return _write_failure(config, exc)
     except KeyboardInterrupt:
         return 130
+
+
+def _raise_fd_limit() -> None:
+    """Each rank costs two descriptors (its log, its event file): lift the soft limit to the hard one,
+    as a 1024-rank job would exceed the usual soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # keep the soft limit; the log says EMFILE if it is ever hit
 
 
 def _write_failure(config: SidecarConfig, exc: OSError) -> int:

@@ -11,7 +11,18 @@ import logging
 import threading
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 
 log = logging.getLogger(__name__)
@@ -39,21 +50,34 @@ def filesystem_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
     return kind
 
 
+# Only writes and changes of the tree wake us: our own opens and reads of the logs must not.
+_CONTENT = (FileModifiedEvent, FileClosedEvent)
+_STRUCTURE = (FileCreatedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent)
+
+
 class _Wake(FileSystemEventHandler):
-    def __init__(self, event: threading.Event, ignore: str) -> None:
-        self._event = event
+    def __init__(self, owner: "WakeUp", ignore: str) -> None:
+        self._owner = owner
         self._ignore = ignore
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if not str(event.src_path).startswith(self._ignore):  # our own output must not wake us
-            self._event.set()
+        if str(event.src_path).startswith(self._ignore):  # our own output must not wake us
+            return
+        if isinstance(event, _STRUCTURE):
+            self._owner.structure_changed = True
+        self._owner.event.set()
 
 
 class WakeUp:
-    """``wait(timeout)`` returns early when a watched file changes (if inotify is in use)."""
+    """``wait(timeout)`` returns early when a watched file changes (if inotify is in use).
+
+    ``structure_changed`` says a file or directory was created, moved or deleted since the
+    last :meth:`take_structure_change`, i.e. a rescan is due now rather than at the next reconcile.
+    """
 
     def __init__(self, roots: list[Path], out: Path, poll_only: bool) -> None:
         self.event = threading.Event()
+        self.structure_changed = False
         self._observer: Observer | None = None
         self.mode = "poll"
         if poll_only:
@@ -66,13 +90,22 @@ class WakeUp:
         try:
             for root in roots:
                 watched = root.resolve() if root.is_dir() else root.resolve().parent
-                observer.schedule(_Wake(self.event, str(out.resolve()) + "/"), str(watched), recursive=True)
+                observer.schedule(_Wake(self, str(out.resolve()) + "/"), str(watched), recursive=True,
+                                  event_filter=[*_CONTENT, *_STRUCTURE])
             observer.start()
         except OSError as exc:
             log.warning("file events unavailable (%s); polling only", exc)
             return
         self._observer = observer
         self.mode = "inotify+poll"
+
+    @property
+    def events(self) -> bool:
+        return self._observer is not None
+
+    def take_structure_change(self) -> bool:
+        changed, self.structure_changed = self.structure_changed, False
+        return changed
 
     def wait(self, timeout: float) -> None:
         self.event.wait(timeout)

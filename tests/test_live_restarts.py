@@ -160,3 +160,15 @@ def test_a_storm_of_signals_neither_hangs_nor_kills_it(live: LiveEnv) -> None:
     assert sidecar.running(), sidecar.stderr()
     log.step(5)
     live.finish(sidecar, [log], timeout=10)
+
+
+@pytest.mark.parametrize("wake_mode", ["poll"])
+def test_sigterm_cuts_a_long_poll_wait_short(live: LiveEnv) -> None:
+    """With a 30 s poll interval the loop sleeps long; SIGTERM must still end it at once."""
+    log = live.info_log(0)
+    log.step(5)
+    sidecar = live.sidecar("--poll-interval", "30").start()
+    wait_until(lambda: all_written(live.out, [log]), 10, "the first steps")
+    time.sleep(0.3)
+    rc, took = sidecar.stop()
+    assert rc == 0 and took < 2.0, (rc, took, sidecar.stderr())

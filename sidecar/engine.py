@@ -23,6 +23,7 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -384,9 +385,7 @@ class Engine:
     # -- output ----------------------------------------------------------------------------
     def flush(self) -> None:
         """Make written events visible to TensorBoard (no fsync)."""
-        for rank in self.ranks.values():
-            rank.writer.flush()
-        for writer in self._extra_writers():
+        for writer in [rank.writer for rank in self.ranks.values()] + self._extra_writers():
             writer.flush()
 
     def checkpoint(self) -> None:
@@ -456,18 +455,14 @@ class Engine:
 
     def abandon(self) -> None:
         """After a write error: close everything without writing what is still buffered."""
-        for rank in self.ranks.values():
-            rank.writer.abandon()
-        for writer in self._extra_writers():
-            writer.abandon()
-        for source in self.sources.values():
-            source.tail.close()
+        self._close(RunWriter.abandon)
 
     def close(self) -> None:
-        for rank in self.ranks.values():
-            rank.writer.close()
-        for writer in self._extra_writers():
-            writer.close()
+        self._close(RunWriter.close)
+
+    def _close(self, how: Callable[[RunWriter], None]) -> None:
+        for writer in [rank.writer for rank in self.ranks.values()] + self._extra_writers():
+            how(writer)
         for source in self.sources.values():
             source.tail.close()
 

@@ -27,6 +27,9 @@ def _node_trees(tmp_path: Path) -> dict[str, Path]:
 
 
 def _check(shared: Path, reference: Path) -> None:
+    """Per-node checkpoints and aggregates; rank runs exactly as one sidecar replaying all ranks."""
+    subprocess.run([sys.executable, "-m", "sidecar.cli", "replay", str(REAL), "--out", str(reference), "-q"],
+                   check=True, timeout=120)
     assert sorted(p.name for p in (shared / ".mstb-sidecar").glob("state-*.json")) == [
         "state-node0.json", "state-node1.json"]
     assert sorted(p.name for p in (shared / "aggregate").iterdir()) == ["node0", "node1"]
@@ -35,29 +38,25 @@ def _check(shared: Path, reference: Path) -> None:
         assert max(raw_points(shared / rank).values()) == 1
 
 
-def test_two_sidecars_replaying_into_one_out_do_not_collide(tmp_path: Path) -> None:
-    nodes = _node_trees(tmp_path)
-    shared = tmp_path / "shared"
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "sidecar.cli", "replay", str(root), "--out", str(shared),
+def _sidecars(nodes: dict[str, Path], shared: Path, mode: str) -> list[subprocess.Popen[bytes]]:
+    """One sidecar per node (``mode`` is ``replay`` or ``--watch``), all into ``shared``."""
+    return [
+        subprocess.Popen([sys.executable, "-m", "sidecar.cli", mode, str(root), "--out", str(shared),
                           "--instance", node, "-q"])
         for node, root in nodes.items()
     ]
+
+
+def test_two_sidecars_replaying_into_one_out_do_not_collide(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    procs = _sidecars(_node_trees(tmp_path), shared, "replay")
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    reference = tmp_path / "reference"
-    subprocess.run([sys.executable, "-m", "sidecar.cli", "replay", str(REAL), "--out", str(reference), "-q"],
-                   check=True, timeout=120)
-    _check(shared, reference)
+    _check(shared, tmp_path / "reference")
 
 
 def test_two_live_sidecars_share_one_out(tmp_path: Path) -> None:
-    nodes = _node_trees(tmp_path)
     shared = tmp_path / "shared"
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "sidecar.cli", "--watch", str(root), "--out", str(shared),
-                          "--instance", node, "-q"])
-        for node, root in nodes.items()
-    ]
+    procs = _sidecars(_node_trees(tmp_path), shared, "--watch")
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -69,7 +68,4 @@ def test_two_live_sidecars_share_one_out(tmp_path: Path) -> None:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         assert [p.wait(timeout=30) for p in procs] == [0, 0]
-    reference = tmp_path / "reference"
-    subprocess.run([sys.executable, "-m", "sidecar.cli", "replay", str(REAL), "--out", str(reference), "-q"],
-                   check=True, timeout=120)
-    _check(shared, reference)
+    _check(shared, tmp_path / "reference")

@@ -4,10 +4,10 @@ One thread does everything (scan, read, parse, write, checkpoint), so there is n
 overflow and no writer thread to die silently; back-pressure is simply that a slow disk slows
 reading, and offsets only advance past what was written. Each iteration:
 
-    rescan (every --rescan-interval, or at once when a file left its path) -> read new bytes
-    of every file -> release held records -> make events visible (write) -> checkpoint (every
-    --checkpoint-interval: fsync, then state) -> ping the watchdog -> wait for a file event or
-    --poll-interval
+    rescan (when the tree changed, else every --rescan-interval polling or 30 s with file
+    events) -> read new bytes of every file -> release held records -> make events visible
+    (write) -> checkpoint (every --checkpoint-interval: fsync, then state) -> ping the watchdog
+    -> wait for a file event (2 s reconcile) or, polling, --poll-interval
 
 SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, exit 0.
 SIGHUP: rescan now. Open files are kept: they are followed by identity, and a renamed-away or

@@ -11,6 +11,7 @@ import argparse
 import errno
 import logging
 import resource
+import signal
 import sys
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def _replay_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     replay = bool(args) and args[0] == "replay"
+    if not replay:
+        # Until the daemon installs its own handlers, SIGTERM means "stop now": nothing is
+        # written or checkpointed yet, so a plain exit 0 loses nothing.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     parser = _replay_parser() if replay else _watch_parser()
     ns = vars(parser.parse_args(args[1:] if replay else args))
     config_file = ns.pop("config")

@@ -43,7 +43,7 @@ class SidecarConfig(BaseModel):
     checkpoint_interval: float = Field(1.0, gt=0, le=600)
     rotate_quiet: float = Field(5.0, ge=0)
     from_end: bool = False
-    drain_timeout: float = Field(20.0, gt=0)
+    drain_timeout: float = Field(5.0, gt=0)
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
     # replay

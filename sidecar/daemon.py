@@ -4,10 +4,11 @@ One thread does everything (scan, read, parse, write, checkpoint), so there is n
 overflow and no writer thread to die silently; back-pressure is simply that a slow disk slows
 reading, and offsets only advance past what was written. Each iteration:
 
-    rescan (when the tree changed, else every --rescan-interval polling or 30 s with file
+    rescan (when the tree changed, else every --rescan-interval polling or 60 s with file
     events) -> read new bytes of every file -> release held records -> make events visible
     (write) -> checkpoint (every --checkpoint-interval: fsync, then state) -> ping the watchdog
-    -> wait for a file event (2 s reconcile) or, polling, --poll-interval
+    -> wait for a file event (10 s reconcile) or, polling, --poll-interval; never longer than
+    the companion wait while a record is held (a head whose bar never comes is still due)
 
 SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, exit 0.
 SIGHUP: rescan now. Open files are kept: they are followed by identity, and a renamed-away or
@@ -34,8 +35,8 @@ from sidecar.wakeup import WakeUp
 log = logging.getLogger(__name__)
 
 READ_BUDGET = 1 << 20
-RECONCILE_INTERVAL = 2.0  # with file events: the longest a missed event can delay a line
-RESCAN_RECONCILE = 30.0  # with file events: full rescans between tree-change events
+RECONCILE_INTERVAL = 10.0  # with file events: the longest a missed event can delay a line
+RESCAN_RECONCILE = 60.0  # with file events: full rescans between tree-change events
 
 
 class _Signals:
@@ -127,7 +128,7 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
             engine.forget_gone(config.rotate_quiet)
             next_scan = now + rescan_every
         read = engine.pump(READ_BUDGET, now)
-        engine.tick(now)
+        holding = engine.tick(now)
         engine.flush()
         dirty = dirty or read > 0
         if dirty and now >= next_checkpoint:
@@ -137,7 +138,7 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
         notifier.status(_status(engine))
         notifier.healthy()
         if read == 0:
-            wake.wait(idle_wait)
+            wake.wait(min(idle_wait, config.companion_wait) if holding else idle_wait)
 
 
 def _drain(engine: Engine, timeout: float) -> None:

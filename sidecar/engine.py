@@ -122,6 +122,7 @@ class Engine:
         self._restored = self.store.load()
         self._restored_files = {f"{f.dev}:{f.ino}": f for f in self._restored.files}
         self.sources: dict[Identity, Source] = {}
+        self._order: list[Source] | None = None
         self.ranks: dict[int, Rank] = {}
         self.alerts = Alerts()
         self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
@@ -151,6 +152,7 @@ class Engine:
         for _ in range(SCAN_PASSES):
             if not self._scan_pass(added):
                 break
+        self._order = None
         return added
 
     def _scan_pass(self, added: list[Source]) -> bool:
@@ -229,7 +231,10 @@ class Engine:
 
     # -- reading ---------------------------------------------------------------------------
     def ordered_sources(self) -> list[Source]:
-        return sorted(self.sources.values(), key=lambda s: s.candidate.order())
+        """Sources in reading order; sorted again only after discovery ran or a source left."""
+        if self._order is None:
+            self._order = sorted(self.sources.values(), key=lambda s: s.candidate.order())
+        return self._order
 
     def pump(self, budget: int, now: float) -> int:
         """Read and process up to ``budget`` bytes per file; older files of a chain first.
@@ -289,14 +294,21 @@ class Engine:
         for record in stream.assembler.feed(parsed, message.timestamp, start, now):
             self._deliver(rank, stream, record)
 
-    def tick(self, now: float) -> None:
-        """Release held records whose companion line did not come in time (live mode)."""
+    def tick(self, now: float) -> bool:
+        """Release held records whose companion line did not come in time (live mode).
+
+        Returns whether a record is still held: the live loop must then wake again within the
+        companion wait, however long it would otherwise sleep.
+        """
         if self.aggregator is not None:
             self.aggregator.flush_due(now)
+        holding = False
         for source in self.sources.values():
             for rank, stream in source.streams.items():
                 for record in stream.assembler.flush_due(now):
                     self._deliver(rank, stream, record)
+                holding = holding or stream.assembler.pending_offset is not None
+        return holding
 
     def end_of_input(self) -> None:
         """Release every held record (replay: nothing more will come)."""
@@ -381,6 +393,7 @@ class Engine:
         log.warning("stopped following %s: %s", source.tail.path, exc)
         source.tail.close()
         self.sources.pop(source.tail.identity, None)
+        self._order = None
 
     # -- output ----------------------------------------------------------------------------
     def flush(self) -> None:
@@ -452,6 +465,7 @@ class Engine:
             ):
                 source.tail.close()
                 del self.sources[identity]
+                self._order = None
 
     def abandon(self) -> None:
         """After a write error: close everything without writing what is still buffered."""

@@ -87,7 +87,10 @@ class _Chaos:
             self.sidecar.proc.send_signal(signal.SIGHUP)
         elif op in ("truncate", "delete") and up:
             self.caught_up()
-            log.truncate() if op == "truncate" else log.delete_and_recreate()
+            if op == "truncate":
+                log.truncate()
+            else:
+                log.delete_and_recreate()
         elif op == "resume" and log.next_step > 5:
             log.go_back(rng.randint(max(1, log.next_step - 30), log.next_step - 1))
             log.step(rng.randint(1, 10))

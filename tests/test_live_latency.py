@@ -37,3 +37,23 @@ def test_append_to_disk_latency_p99_under_1s(live: LiveEnv) -> None:
     print(f"\nlatency ({live.mode}): n={len(lat)} p50={p50 * 1000:.0f} ms p99={p99 * 1000:.0f} ms "
           f"max={lat[-1] * 1000:.0f} ms; SIGTERM exit {took:.2f} s")
     assert p99 < 1.0
+
+
+def test_a_head_whose_bar_never_comes_is_released_within_1s(live: LiveEnv) -> None:
+    """The trainer died between a step's head line and its bar: the head is released after
+    the companion wait (0.5 s), even when no file event comes to wake the loop."""
+    log = live.info_log(0)
+    log.step(3)
+    sidecar = live.sidecar().start()
+    with DiskWatcher(live.out, [0]) as watcher:
+        watcher.wait_all([log], 10)
+        time.sleep(0.5)  # idle: the loop is in its longest wait
+        record = log.take()
+        log.write(record[: record.index(b"\n") + 1])
+        written = time.monotonic()
+        watcher.wait_all([log], 10)
+        took = watcher.seen[(0, log.next_step - 1)] - written
+    rc, _ = sidecar.stop()
+    assert rc == 0
+    print(f"\nheld head released after {took:.2f} s ({live.mode})")
+    assert took < 1.0

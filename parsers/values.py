@@ -7,7 +7,6 @@ Values arrive as ``str()`` of Python/numpy objects: ``2.5``, ``  nan``, ``[1.562
 
 from __future__ import annotations
 
-import math
 
 _NON_NUMBERS = frozenset({"", "none", "unavailable", "n/a"})
 _UNIT_SUFFIXES = ("ms", "T", "s")
@@ -45,10 +44,6 @@ def parse_bool(text: str) -> bool | None:
     if s == "False":
         return False
     return None
-
-
-def is_finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))
 
 
 def split_fields(text: str) -> list[tuple[str, str]]:

@@ -22,7 +22,6 @@ import logging
 import os
 import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +101,6 @@ class RankStats:
     first_step: int | None = None
     last_step: int | None = None
     duplicates: int = 0
-    stale: int = 0
     resumes: int = 0
     tags: set[str] = field(default_factory=set)
     families: set[Family] = field(default_factory=set)
@@ -137,7 +135,6 @@ class Engine:
             else None
         )
         self.bytes_read = 0
-        self.counters: Counter[str] = Counter()
 
     # -- discovery -------------------------------------------------------------------------
     def scan(self) -> list[Source]:
@@ -337,6 +334,9 @@ class Engine:
         extra = list(self._other_runs.values())
         return extra + [self.aggregator.writer] if self.aggregator is not None else extra
 
+    def _writers(self) -> list[RunWriter]:
+        return [rank.writer for rank in self.ranks.values()] + self._extra_writers()
+
     def rank(self, rank: int) -> Rank:
         entry = self.ranks.get(rank)
         if entry is None:
@@ -368,7 +368,6 @@ class Engine:
                 stats.duplicates += 1
                 return
             if verdict is Verdict.STALE:
-                stats.stale += 1
                 return
             if verdict is Verdict.RESUME:
                 stats.resumes += 1
@@ -382,7 +381,6 @@ class Engine:
             stats.first_step = record.step if stats.first_step is None else min(stats.first_step, record.step)
             stats.last_step = record.step
         elif not rank.sequencer.admits_attached(record):
-            stats.stale += 1
             return
         self.alerts.observe(rank_id, record)
         if rank.writer.write(record):
@@ -398,7 +396,7 @@ class Engine:
     # -- output ----------------------------------------------------------------------------
     def flush(self) -> None:
         """Make written events visible to TensorBoard (no fsync)."""
-        for writer in [rank.writer for rank in self.ranks.values()] + self._extra_writers():
+        for writer in self._writers():
             writer.flush()
 
     def checkpoint(self) -> None:
@@ -475,7 +473,7 @@ class Engine:
         self._close(RunWriter.close)
 
     def _close(self, how: Callable[[RunWriter], None]) -> None:
-        for writer in [rank.writer for rank in self.ranks.values()] + self._extra_writers():
+        for writer in self._writers():
             how(writer)
         for source in self.sources.values():
             source.tail.close()

@@ -5,7 +5,8 @@ What it adds to the line parsers:
 - joins the r0.7+ two-line record (head + progress bar) and the r0.2-r0.6 step line with the
   epoch-end line that carries its true per-step time in sink mode;
 - computes the global step ``(epoch - base) * steps_per_epoch + step`` (PyNative steps are
-  already global; the experimental trainer's epoch-local steps continue across epochs);
+  already global; the experimental trainer's epoch-local steps continue across epochs), and
+  never emits one beyond int64, TensorBoard's step type (:meth:`StreamAssembler.take_malformed`);
 - attaches eval, checkpoint and lifecycle lines to the step of the last training step.
 
 A held line (a head waiting for its bar) is released by its companion, by the next record,
@@ -29,11 +30,13 @@ from parsers.records import (
     Family,
     MarkerLine,
     MonitorLine,
+    ParallelConfigLine,
     ParsedLine,
     PipelineLine,
     Record,
     StepLine,
 )
+from parsers.values import fits_int64
 
 ERROR_TAG = "events/error"
 
@@ -42,6 +45,7 @@ ERROR_TAG = "events/error"
 class _Held:
     record: Record
     offset: int
+    origin: object  # the caller's name for the file the held line is in
     since: float
     wants: type  # BarLine or EpochEndLine
 
@@ -59,10 +63,24 @@ class StreamAssembler:
         self._r0_epoch_end: bool | None = None  # does this stream print epoch-end lines?
         self._exp_epoch = -1
         self._exp_offset = 0
+        self._malformed = 0
 
     @property
     def pending_offset(self) -> int | None:
         return None if self._held is None else self._held.offset
+
+    @property
+    def pending_origin(self) -> object:
+        """The ``origin`` given with the held line: one stream can span a rotation chain's files,
+        and a head held at the end of ``info.log.1`` is completed by a bar at the start of ``info.log``."""
+        return None if self._held is None else self._held.origin
+
+    def take_malformed(self) -> int:
+        """Step lines dropped since the last call because the global step they continue to does
+        not fit int64 (only the experimental trainer's running count can get there; the line
+        parsers reject every other such step). The caller counts them as malformed."""
+        count, self._malformed = self._malformed, 0
+        return count
 
     def snapshot(self) -> dict[str, int]:
         """The state a restarted reader needs to number steps exactly as before."""
@@ -73,7 +91,9 @@ class StreamAssembler:
         self._exp_epoch = int(snap.get("exp_epoch", -1))
         self._exp_offset = int(snap.get("exp_offset", 0))
 
-    def feed(self, parsed: ParsedLine | None, timestamp: float | None, offset: int, now: float) -> list[Record]:
+    def feed(
+        self, parsed: ParsedLine | None, timestamp: float | None, offset: int, now: float, origin: object = None
+    ) -> list[Record]:
         if timestamp is not None:
             self.last_wall = timestamp
         if parsed is None:
@@ -92,10 +112,11 @@ class StreamAssembler:
                 out.append(self._release())
             return out
         if isinstance(parsed, MonitorLine):
-            step = (parsed.epoch - 1) * parsed.steps + parsed.step
-            return [Record(step, wall, {parsed.tag: parsed.value})]
+            return [Record(parsed.global_step(), wall, {parsed.tag: parsed.value})]
         if isinstance(parsed, PipelineLine):
             self.pipeline = parsed
+            return []
+        if isinstance(parsed, ParallelConfigLine):  # start-up configuration, for the aggregate only
             return []
         if isinstance(parsed, ErrorLine):  # other threads' errors can land between a head and its bar
             return [Record(self.last_step, wall, texts={ERROR_TAG: parsed.text})]
@@ -104,7 +125,7 @@ class StreamAssembler:
                 self._learn_no_epoch_end()
             out.append(self._release())
         if isinstance(parsed, StepLine):
-            out.extend(self._step(parsed, wall, offset, now))
+            out.extend(self._step(parsed, wall, offset, now, origin))
         elif isinstance(parsed, EvalLine):
             scalars = dict(parsed.scalars)
             if parsed.seconds is not None:
@@ -127,9 +148,12 @@ class StreamAssembler:
     def flush(self) -> list[Record]:
         return [self._release()] if self._held is not None else []
 
-    def _step(self, line: StepLine, wall: float | None, offset: int, now: float) -> list[Record]:
+    def _step(self, line: StepLine, wall: float | None, offset: int, now: float, origin: object) -> list[Record]:
         self.family = line.family
         step = self._global_step(line)
+        if not fits_int64(step):
+            self._malformed += 1
+            return []
         self.last_step = step
         record = Record(
             step,
@@ -141,18 +165,17 @@ class StreamAssembler:
             loss_not_available=line.loss_not_available,
         )
         if line.needs_bar:
-            self._held = _Held(record, offset, now, BarLine)
+            self._held = _Held(record, offset, origin, now, BarLine)
             return []
         if line.family is Family.R0X and self._r0_epoch_end is not False:
-            self._held = _Held(record, offset, now, EpochEndLine)
+            self._held = _Held(record, offset, origin, now, EpochEndLine)
             return []
         return [record]
 
     def _global_step(self, line: StepLine) -> int:
-        if line.epoch is None:
-            return line.step
-        if line.steps is not None:
-            return (line.epoch - line.epoch_base) * line.steps + line.step
+        step = line.global_step()
+        if step is not None:
+            return step
         # Experimental trainer: epoch-local steps of unknown epoch length continue the count.
         if line.epoch != self._exp_epoch:
             if self._exp_epoch >= 0 and line.step <= self.last_step - self._exp_offset:

@@ -6,10 +6,12 @@ and lines that mean trouble.
 from __future__ import annotations
 
 import ast
+import math
 import re
 
 from parsers.records import CheckpointLine, ErrorLine, EvalLine, Marker, MarkerLine, PipelineLine
 from parsers.tags import EVAL_PREFIX, sanitize_tag
+from parsers.values import parse_int64
 
 _EVAL = re.compile(r"Eval result: (\{.*\}), eval time is (\S+) s\.?\s*$", re.S)
 _NUMPY_SCALAR = re.compile(r"np\.\w+\(([^()]*)\)")
@@ -72,8 +74,9 @@ def parse_marker_line(text: str) -> MarkerLine | PipelineLine | ErrorLine | None
         if needle in text:
             return MarkerLine(kind, text.strip(" ."))
     m = _PIPELINE.search(text)
-    if m:
-        return PipelineLine(int(m.group(1)))
+    stages = parse_int64(m.group(1)) if m else None
+    if stages is not None:
+        return PipelineLine(stages)
     if "zero_bubble_v is enabled, loss is valid only on rank 0" in text:
         return PipelineLine(None, rank0_only=True)
     for needle in _ERRORS:
@@ -93,7 +96,10 @@ def _flatten(value: object, prefix: str, out: dict[str, float]) -> None:
 
 
 def _float(value: object) -> float | None:
+    """The number, or ``None``; an integer beyond the float range is ``+/-inf`` (see :mod:`parsers.values`)."""
     try:
         return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator]
     except (TypeError, ValueError):
         return None

@@ -7,6 +7,7 @@ first character and a few substrings before any regex runs.
 from __future__ import annotations
 
 from parsers.event_lines import parse_checkpoint_line, parse_eval_line, parse_marker_line
+from parsers.parallel_lines import PREFIXES as PARALLEL_PREFIXES, parse_parallel_line
 from parsers.prefix import Message
 from parsers.records import ErrorLine, MalformedLine, ParsedLine
 from parsers.step_lines import (
@@ -46,6 +47,8 @@ def parse_message(message: Message) -> ParsedLine | None:
         return parse_experimental_line(stripped)
     elif first == "P" and stripped.startswith("Per sink_size step time:"):
         return parse_epoch_end_line(stripped)
+    elif stripped.startswith(PARALLEL_PREFIXES):
+        return parse_parallel_line(stripped)
     if "samples/s/p" in text:
         return parse_bar_line(text)
     if "checkpoint" in text or "saving ckpt" in text or "Checkpoint" in text:

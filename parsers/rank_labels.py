@@ -12,13 +12,15 @@ label is the only reliable tag:
 The label style is detected per file from its first labelled line and then kept, so ordinary
 lines that happen to start with ``12: `` are never mistaken for labels in unlabelled files.
 Unlabelled lines in a labelled stream (tracebacks, pretty-printed config) continue the record of
-the last labelled rank.
+the last labelled rank, and so do lines whose label is not a rank (beyond int64, not a number).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import PurePath
+
+from parsers.values import parse_int64
 
 _SRUN = re.compile(r" *(\d+): (.*)", re.S)
 _MPI = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)", re.S)
@@ -42,16 +44,18 @@ class RankRouter:
     def route(self, line: str) -> tuple[int, str]:
         if self._user is not None:
             m = self._user.match(line)
-            if m:
-                self.current = int(m.group("rank"))
+            rank = _rank(m.group("rank")) if m else None
+            if m and rank is not None:
+                self.current = rank
                 return self.current, line[m.end():]
             return self.current, line
         style = self.style
         if style is None or style == "mpi":
             m = _MPI.match(line)
-            if m:
+            rank = _rank(m.group(1)) if m else None
+            if m and rank is not None:
                 self.style = "mpi"
-                self.current = int(m.group(1))
+                self.current = rank
                 return self.current, m.group(2)
         if style is None or style == "tail":
             m = _TAIL_HEADER.match(line)
@@ -62,9 +66,10 @@ class RankRouter:
                 return self.current, ""
         if style is None or style == "srun":
             m = _SRUN.match(line)
-            if m and (style == "srun" or _LOGGISH.match(m.group(2))):
+            rank = _rank(m.group(1)) if m else None
+            if m and rank is not None and (style == "srun" or _LOGGISH.match(m.group(2))):
                 self.style = "srun"
-                self.current = int(m.group(1))
+                self.current = rank
                 return self.current, m.group(2)
         return self.current, line
 
@@ -73,5 +78,11 @@ def _rank_in_path(path: str) -> int | None:
     for part in reversed(PurePath(path.strip()).parts):
         m = _RANK_IN_PATH.search(part)
         if m:
-            return int(next(g for g in m.groups() if g is not None))
+            return _rank(next(g for g in m.groups() if g is not None))
     return None
+
+
+def _rank(text: str | None) -> int | None:
+    """A label's rank; ``None`` (not a label) for text that is no rank, e.g. 5000 digits."""
+    rank = None if text is None else parse_int64(text)
+    return rank if rank is not None and rank >= 0 else None

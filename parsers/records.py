@@ -40,6 +40,15 @@ class StepLine:
     overflow: bool = False
     loss_not_available: bool = False
 
+    def global_step(self) -> int | None:
+        """``(epoch - epoch_base) * steps + step``, or the step when it is already global;
+        ``None`` when it depends on the stream (the experimental trainer's epoch-local steps)."""
+        if self.epoch is None:
+            return self.step
+        if self.steps is None:
+            return None
+        return (self.epoch - self.epoch_base) * self.steps + self.step
+
 
 @dataclass(slots=True)
 class BarLine:
@@ -64,6 +73,9 @@ class MonitorLine:
     step: int
     tag: str
     value: float
+
+    def global_step(self) -> int:
+        return (self.epoch - 1) * self.steps + self.step
 
 
 @dataclass(slots=True)
@@ -106,6 +118,18 @@ class PipelineLine:
 
 
 @dataclass(slots=True)
+class ParallelConfigLine:
+    """The job's world size, from a start-up line (:mod:`parsers.parallel_lines`).
+
+    ``derived``: dp*mp*cp*pp of the parallel_config dict, exact under semi_auto_parallel only;
+    a line that states device_num wins over it.
+    """
+
+    world_size: int
+    derived: bool = False
+
+
+@dataclass(slots=True)
 class ErrorLine:
     """A line that means trouble (traceback, NaN/Inf abort, worker exit)."""
 
@@ -128,6 +152,7 @@ ParsedLine = (
     | CheckpointLine
     | MarkerLine
     | PipelineLine
+    | ParallelConfigLine
     | ErrorLine
     | MalformedLine
 )

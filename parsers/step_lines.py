@@ -10,15 +10,18 @@ Three families share one tolerant key/value tail parser:
   and the v1.3-v1.6 experimental ``Epoch: e, Step: s, Loss: X, ..., Time: X ms``.
 
 TrainingStateMonitor lines also start ``Epoch:[`` but have no comma after ``step:[...]``.
+
+A step, epoch or epoch length that does not fit int64, or a global step it implies that does
+not, makes the line malformed (see :mod:`parsers.values`): such a step cannot be written.
 """
 
 from __future__ import annotations
 
 import re
 
-from parsers.records import BarLine, EpochEndLine, Family, MonitorLine, StepLine
+from parsers.records import BarLine, EpochEndLine, Family, MalformedLine, MonitorLine, StepLine
 from parsers.tags import sanitize_tag, tag_for_key
-from parsers.values import parse_bool, parse_number, split_fields
+from parsers.values import fits_int64, parse_bool, parse_int64, parse_number, split_fields
 
 _EPOCH_STEP = re.compile(r"\{? ?Epoch:\[\s*(-?\d+)/\s*(\d+)\], step:\[\s*(\d+)/\s*(\d+)\](,? ?)(.*)", re.S)
 _PYNATIVE = re.compile(r"\{ step:\[\s*(\d+)/\s*(\d+)\], (.*?)\s*\}?\s*$", re.S)
@@ -35,7 +38,9 @@ def parse_epoch_line(text: str) -> StepLine | MonitorLine | None:
     m = _EPOCH_STEP.match(text)
     if m is None:
         return None
-    epoch, epochs, step, steps = (int(m.group(i)) for i in range(1, 5))
+    epoch, epochs, step, steps = (parse_int64(m.group(i)) for i in range(1, 5))
+    if epoch is None or epochs is None or step is None or steps is None:
+        return None
     comma, tail = m.group(5), m.group(6)
     if not comma.startswith(","):
         mm = _MONITOR_TAIL.match(tail)
@@ -44,28 +49,35 @@ def parse_epoch_line(text: str) -> StepLine | MonitorLine | None:
         value = parse_number(mm.group(2))
         if value is None:
             return None
-        return MonitorLine(epoch, steps, step, sanitize_tag(mm.group(1)), value)
+        monitor = MonitorLine(epoch, steps, step, sanitize_tag(mm.group(1)), value)
+        return monitor if fits_int64(monitor.global_step()) else None
     fields = split_fields(tail)
     head = text.startswith("{")
     line = _from_fields(Family.GRAPH if head else Family.R0X, step, epoch, steps, fields)
     line.needs_bar = head
     if not head and not any(k == "overflow cond" for k, _ in fields):
         line.epoch_base = 0  # r0.2 prints cur_epoch_num - 1
-    return line
+    implied = line.global_step()
+    return line if implied is None or fits_int64(implied) else None
 
 
 def parse_pynative_line(text: str) -> StepLine | None:
     m = _PYNATIVE.match(text)
     if m is None:
         return None
-    return _from_fields(Family.PYNATIVE, int(m.group(1)), None, None, split_fields(m.group(3)))
+    step = parse_int64(m.group(1))
+    return None if step is None else _from_fields(Family.PYNATIVE, step, None, None, split_fields(m.group(3)))
 
 
-def parse_experimental_line(text: str) -> StepLine | None:
+def parse_experimental_line(text: str) -> StepLine | MalformedLine | None:
+    """``None`` for other ``Epoch: ...`` text; a record whose numbers do not fit is malformed."""
     m = _EXPERIMENTAL.match(text)
     if m is None:
         return None
-    line = _from_fields(Family.EXPERIMENTAL, int(m.group(2)), int(m.group(1)), None, split_fields(m.group(3)))
+    epoch, step = parse_int64(m.group(1)), parse_int64(m.group(2))
+    if epoch is None or step is None:
+        return MalformedLine(text)
+    line = _from_fields(Family.EXPERIMENTAL, step, epoch, None, split_fields(m.group(3)))
     line.epoch_base = 0
     return line
 

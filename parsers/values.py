@@ -3,10 +3,24 @@
 Values arrive as ``str()`` of Python/numpy objects: ``2.5``, ``  nan``, ``[1.5624999e-05]``,
 ``[0.51 0.49]``, ``None``, ``unavailable``, ``1893ms``, ``488.201 ms``, ``238.114T``,
 ``(2.5e-06,2.5e-06,)``. Anything that is not exactly one number is "no value", never a guess.
+
+Values that do not fit, decided per kind (a poison line must never raise):
+
+- counts (step, epoch, steps per epoch) must fit a signed 64-bit integer, TensorBoard's step
+  type; :func:`parse_int64` says ``None`` otherwise and the line parsers then call the line
+  malformed (counted and skipped), since a step cannot be rounded to another step;
+- a metric value beyond the float range (``1e400``, a 400-digit number) is ``+inf``/``-inf``,
+  which is what the printed number means; it is written, and the alerts report a non-finite
+  loss or grad norm like any other.
 """
 
 from __future__ import annotations
 
+import re
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INT64_DIGITS = len(str(INT64_MAX))
+_INT64_TEXT = re.compile(rf"\s*([+-]?)0*(\d{{1,{_INT64_DIGITS}}})\s*")
 
 _NON_NUMBERS = frozenset({"", "none", "unavailable", "n/a"})
 _UNIT_SUFFIXES = ("ms", "T", "s")
@@ -34,6 +48,23 @@ def parse_number(text: str) -> float | None:
     except ValueError:
         return None
     return value
+
+
+def parse_int64(text: str) -> int | None:
+    """A decimal integer that fits int64, else ``None``.
+
+    Matched by length before ``int()``, which raises on more than 4300 digits (leading zeros
+    included).
+    """
+    m = _INT64_TEXT.fullmatch(text)
+    if m is None:
+        return None
+    value = int(m.group(1) + m.group(2))
+    return value if fits_int64(value) else None
+
+
+def fits_int64(value: int) -> bool:
+    return INT64_MIN <= value <= INT64_MAX
 
 
 def parse_bool(text: str) -> bool | None:

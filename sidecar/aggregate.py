@@ -1,12 +1,32 @@
 """The cross-rank view: one run with per-step mean, min, max and spread of every metric over ranks.
 
-A step's aggregate is written once every rank has reported it or moved past it (ranks come from
-paths and stream labels, known once every file was read once), or, live, once ``timeout`` seconds passed since its first
-report (a dead or slow rank must not stall the view forever). At most ``max_pending`` steps wait;
-at the end of a replay everything pending is written. Under pipeline
-parallelism only the last stage's loss is valid (mindformers warns ``pipeline stages: P > 1``
-every step; non-last PyNative stages print ``loss: N/A``), so the aggregate loss uses only those
-ranks, unless ``loss_ranks`` says otherwise. For ``iteration-time`` the slowest rank is recorded too.
+Completion. A step's aggregate is written once every rank has reported it or moved past it
+(ranks come from paths and stream labels, known once every file was read once). Replay waits
+for every rank however far one rank's reading runs ahead: nothing caps the steps waiting (the
+engine reads ranks in step-lockstep, which bounds them by design; :meth:`pending_steps` and
+:meth:`waiting_for` say what waits). Live, a step is written without the ranks that have not
+reported it ``timeout`` seconds after its first report (a dead rank must not stall the view); at
+the end of a replay everything waiting is written. A step written without a rank is counted
+(``incomplete_steps``) and logged, naming the ranks (rate-limited).
+
+Order. Steps are written in increasing order, and a record for a step at or below the last one
+written is ignored (a re-read after a restart, a rank later than the timeout): it must not start
+a one-rank step that then counts as complete. A training resume is the exception: the first rank
+to go back cuts the aggregate at that step; every other rank counts as not past it until it goes
+back too, and its records of the superseded segment from that step on are ignored meanwhile.
+
+Restart. :meth:`snapshot` / :meth:`restore` carry what still waits (per-rank values), each rank's
+progress, the resume bookkeeping and the parallel layout through the checkpoint, so a restart
+while ranks are apart writes the same points as an uninterrupted run. Restored steps wait a
+fresh ``timeout`` (the missing rank's lines may be in its file, unread while the sidecar was down).
+
+Loss validity. Under pipeline parallelism (mindformers warns ``pipeline stages: P > 1`` every
+step; non-last PyNative stages print ``loss: N/A``) only the last stage's loss is valid: ranks
+``>= world - world/P``, with the job's world size as the log states it at start-up
+(:class:`~parsers.records.ParallelConfigLine`), or the highest rank seen + 1 when it states
+none (said once). A sidecar that follows no last-stage rank (node 0 of a multi-node job) writes
+no ``loss/*`` aggregate and says so once. Zero-bubble-V: rank 0 only. ``loss_ranks`` overrides
+all of this. For ``iteration-time`` the slowest rank is recorded too.
 
 The run is ``aggregate/<instance>``: sidecars on several nodes sharing one ``--out`` each write
 their own, over the ranks they follow. A TensorBoard custom-scalars layout (one chart per metric
@@ -15,92 +35,248 @@ with every rank overlaid, and a mean/min/max margin chart) is written once into 
 
 from __future__ import annotations
 
+import heapq
+import logging
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
 from tensorboardX.summary import custom_scalars
 
 from parsers import tags
-from parsers.records import PipelineLine, Record
+from parsers.records import ParallelConfigLine, PipelineLine, Record
 from sidecar.run_writer import RunWriter
+
+log = logging.getLogger(__name__)
 
 AGGREGATED = (
     tags.LOSS, tags.LEARNING_RATE, tags.GRAD_NORM, tags.LOSS_SCALE, tags.ITERATION_TIME, tags.THROUGHPUT,
     tags.MODEL_FLOPS, "lm-loss", "mtp-loss", "load-balancing-loss", "indexer-loss",
 )
 SLOWEST = f"{tags.ITERATION_TIME}/slowest-rank"
+WARN_EVERY = 60.0  # at most one warning about steps written without a rank per this many seconds
 
 
-@dataclass
+class PendingStep(BaseModel):
+    step: int
+    wall: float
+    values: dict[str, dict[int, float]]  # tag -> rank -> value
+
+
+class AggregateState(BaseModel):
+    """What the aggregate waits for and knows, checkpointed with the log offsets it matches."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")  # a NaN loss still waiting stays NaN
+
+    pending: list[PendingStep] = []
+    last_step: dict[int, int] = {}
+    reporters: dict[str, list[int]] = {}
+    pipeline: PipelineLine | None = None
+    parallel: ParallelConfigLine | None = None
+    emitted: int = -1
+    resumed_at: int | None = None
+    emitted_since_resume: bool = False
+    behind: list[int] = []
+    incomplete_steps: int = 0
+
+
+@dataclass(slots=True)
 class _Step:
-    first_seen: float
+    first_seen: float  # inf: restored, its timeout starts at the next look with a clock
     wall: float
     values: dict[str, dict[int, float]] = field(default_factory=dict)  # tag -> rank -> value
 
 
 class CrossRankAggregator:
-    def __init__(
-        self, run_dir: Path, timeout: float, loss_ranks: set[int] | None = None, max_pending: int = 10_000
-    ) -> None:
+    def __init__(self, run_dir: Path, timeout: float, loss_ranks: set[int] | None = None) -> None:
         self.writer = RunWriter(run_dir)
         self.timeout = timeout
         self.loss_ranks = loss_ranks
-        self.max_pending = max_pending
         self.expected: set[int] = set()  # ranks known from paths and stream labels
         self.ready = False  # set once every file was read once: only then is ``expected`` complete
-        self.last_step: dict[int, int] = {}  # rank -> newest training step seen
+        self.last_step: dict[int, int] = {}  # rank -> newest step it reported in the current segment
         self.reporters: dict[str, set[int]] = {}  # tag -> ranks that ever reported it
         self.pipeline: PipelineLine | None = None
+        self.parallel: ParallelConfigLine | None = None
+        self.incomplete_steps = 0  # steps written without every rank (live timeout, end of replay)
         self._pending: dict[int, _Step] = {}
+        self._order: list[int] = []  # heap of the pending steps
+        self._emitted = max((s for t, s in self.writer.view.watermarks.items() if t.endswith("/mean")), default=-1)
         self._layout_written = self.writer.max_step >= 0
         self._resumed_at: int | None = None
         self._emitted_since_resume = False
+        self._behind: set[int] = set()  # ranks that have not gone back to ``_resumed_at`` yet
+        # How many ranks the oldest pending step still waits for, kept up to date as ranks advance
+        # (a full count only when that step or the number of ranks changes).
+        self._front: int | None = None
+        self._front_sizes = (0, 0)
+        self._front_missing = 0
+        self._unstamped = False  # restored steps wait for a clock to start their timeout
+        self._warned_at = -math.inf
+        self._said: set[str] = set()
 
+    # -- input -----------------------------------------------------------------------------
     def observe(self, rank: int, record: Record, now: float, resumed: bool = False) -> None:
         """A training-step record of ``rank`` (new, or a duplicate of one already written, which
         completes a step that a restart interrupted; ``resumed``: the rank went back in steps)."""
         if not record.training_step:
             return
+        step = record.step
         if resumed:
-            self._resume(record.step, record.wall_time)
-            self.last_step[rank] = record.step
-        else:  # duplicates from a second file or a re-read after restart may lag behind
-            self.last_step[rank] = max(self.last_step.get(rank, -1), record.step)
-        entry = self._pending.get(record.step)
+            self._resume(rank, step, record.wall_time)
+        elif self._resumed_at is not None and step >= self._resumed_at and rank in self._behind:
+            return  # superseded: this rank has not gone back to the resume step yet
+        self._advance(rank, step)
+        if step <= self._emitted:
+            return
+        entry = self._pending.get(step)
         if entry is None:
-            entry = self._pending[record.step] = _Step(now, record.wall_time or 0.0)
+            entry = self._pending[step] = _Step(now, record.wall_time or 0.0)
+            heapq.heappush(self._order, step)
         for tag in AGGREGATED:
             value = record.scalars.get(tag)
             if value is None:
                 continue
             self.reporters.setdefault(tag, set()).add(rank)
             entry.values.setdefault(tag, {})[rank] = value
-        self._write_complete(now)
+        self._write_due(now)
 
     def note_pipeline(self, line: PipelineLine) -> None:
         self.pipeline = line
 
+    def note_parallel(self, line: ParallelConfigLine) -> None:
+        """The world size from a start-up line; one that states device_num wins over a derived one."""
+        if self.parallel is None or not line.derived or self.parallel.derived:
+            self.parallel = line
+
+    # -- output ----------------------------------------------------------------------------
     def flush_due(self, now: float) -> None:
-        self._write_complete(now)
+        self._write_due(now)
 
     def flush(self) -> None:
-        for step in sorted(self._pending):
-            self._emit(step, self._pending.pop(step))
+        """End of input: write everything still waiting."""
+        self._write_due(None)
 
     def close(self) -> None:
         self.writer.close()
 
-    def _resume(self, step: int, wall: float | None) -> None:
-        """The first rank to go back supersedes the aggregate from ``step`` on; later ones find it done."""
+    # -- state -----------------------------------------------------------------------------
+    def pending_steps(self) -> int:
+        """Steps waiting for a rank (for status and metrics)."""
+        return len(self._pending)
+
+    def waits_for(self, rank: int) -> bool:
+        """Does the oldest waiting step wait for ``rank``? (Cheap: asked for every line read.)"""
+        return bool(self._order) and self.last_step.get(rank, -1) < self._order[0]
+
+    def waiting_for(self) -> set[int]:
+        """The ranks the oldest waiting step waits for: reading them is what lets it be written."""
+        return set(self._missing(self._order[0])) if self._order else set()
+
+    def snapshot(self) -> AggregateState:
+        return AggregateState(
+            pending=[PendingStep(step=s, wall=e.wall, values=e.values) for s, e in sorted(self._pending.items())],
+            last_step=self.last_step,
+            reporters={tag: sorted(ranks) for tag, ranks in self.reporters.items()},
+            pipeline=self.pipeline,
+            parallel=self.parallel,
+            emitted=self._emitted,
+            resumed_at=self._resumed_at,
+            emitted_since_resume=self._emitted_since_resume,
+            behind=sorted(self._behind),
+            incomplete_steps=self.incomplete_steps,
+        )
+
+    def restore(self, state: AggregateState) -> None:
+        """Continue from a :meth:`snapshot` of the last checkpoint. Steps the run already holds
+        (written after that checkpoint, before a crash) are not waited for again."""
+        self._emitted = max(self._emitted, state.emitted)
+        self._pending = {
+            p.step: _Step(math.inf, p.wall, {tag: dict(v) for tag, v in p.values.items()})
+            for p in state.pending
+            if p.step > self._emitted
+        }
+        self._order = sorted(self._pending)
+        self.last_step = dict(state.last_step)
+        self.reporters = {tag: set(ranks) for tag, ranks in state.reporters.items()}
+        self.pipeline, self.parallel = state.pipeline, state.parallel
+        self._resumed_at, self._emitted_since_resume = state.resumed_at, state.emitted_since_resume
+        self._behind = set(state.behind)
+        self.incomplete_steps = state.incomplete_steps
+        self._front = None
+        self._unstamped = bool(self._pending)
+
+    # -- completion ------------------------------------------------------------------------
+    def _advance(self, rank: int, step: int) -> None:
+        old = self.last_step.get(rank, -1)
+        if step > old:
+            self.last_step[rank] = step
+            if self._front is not None and old < self._front <= step:
+                self._front_missing -= 1
+
+    def _resume(self, rank: int, step: int, wall: float | None) -> None:
+        """Training went back to ``step`` on ``rank``; see "Order" in the module docstring."""
+        self._front = None
+        if rank in self._behind:  # it follows the rank that went back first
+            self._behind.discard(rank)
+            self.last_step[rank] = step - 1
+            return
         for stale in [s for s in self._pending if s >= step]:
             del self._pending[stale]
-        # The other ranks will go back too; until they do, they have not "moved past" step.
+        self._order = sorted(self._pending)
         self.last_step = {r: min(s, step - 1) for r, s in self.last_step.items()}
-        if self._resumed_at != step or self._emitted_since_resume:
+        self._behind = (set(self.last_step) | self.expected) - {rank}  # also ranks not read yet
+        self._emitted = min(self._emitted, step - 1)
+        if self._resumed_at != step or self._emitted_since_resume:  # not a repeat of the same resume
             self.writer.resume(step, wall, f"training resumed at step {step}")
             self._resumed_at, self._emitted_since_resume = step, False
 
+    def _complete(self, step: int) -> bool:
+        """Has every rank reported ``step`` or moved past it?"""
+        if not self.ready:
+            return False
+        sizes = (len(self.expected), len(self.last_step))
+        if step != self._front or sizes != self._front_sizes:
+            self._front, self._front_sizes = step, sizes
+            self._front_missing = len(self._missing(step))
+        return self._front_missing == 0
+
+    def _missing(self, step: int) -> list[int]:
+        return sorted(r for r in self.expected | self.last_step.keys() if self.last_step.get(r, -1) < step)
+
+    def _write_due(self, now: float | None) -> None:
+        """Write waiting steps in step order while the oldest is complete, or overdue (live:
+        ``now`` given), or always (``now`` is ``None``: the end of a replay)."""
+        if now is not None and self._unstamped:
+            self._unstamped = False
+            for entry in self._pending.values():
+                entry.first_seen = min(entry.first_seen, now)
+        while self._order:
+            step = self._order[0]
+            entry = self._pending[step]
+            complete = self._complete(step)
+            if not complete and now is not None and now - entry.first_seen < self.timeout:
+                return
+            heapq.heappop(self._order)
+            del self._pending[step]
+            missing = [] if complete else self._missing(step)
+            if missing:
+                self._incomplete(step, missing, now is None)
+            self._emit(step, entry)
+
+    def _incomplete(self, step: int, missing: list[int], at_end: bool) -> None:
+        self.incomplete_steps += 1
+        clock = time.monotonic()
+        if clock - self._warned_at < WARN_EVERY:
+            return
+        self._warned_at = clock
+        why = "the input ended before they reported it" if at_end else f"no report within {self.timeout:g} s"
+        log.warning("aggregate: step %d written without rank(s) %s (%s); %d step(s) so far written without "
+                    "every rank", step, _ranks_text(missing), why, self.incomplete_steps)
+
+    # -- values ----------------------------------------------------------------------------
     def valid_loss_ranks(self) -> set[int] | None:
         """Ranks whose loss counts, or ``None`` for all of them (see the module docstring)."""
         if self.loss_ranks is not None:
@@ -108,25 +284,26 @@ class CrossRankAggregator:
         pipeline = self.pipeline
         if pipeline is None:
             return None
-        ranks = sorted(self.reporters.get(tags.ITERATION_TIME, set()) | self.reporters.get(tags.LOSS, set()))
         if pipeline.rank0_only:
             return {0}
-        if not pipeline.stages or not ranks:
+        if not pipeline.stages:
             return None
-        world = max(ranks) + 1
+        world = self._world_size()
         per_stage = max(world // pipeline.stages, 1)
-        return {r for r in ranks if r >= world - per_stage}
+        return set(range(world - per_stage, world))
 
-    def _write_complete(self, now: float) -> None:
-        ranks = self.expected | set(self.last_step)
-        for step in sorted(self._pending):
-            entry = self._pending[step]
-            complete = self.ready and all(self.last_step.get(r, -1) >= step for r in ranks)
-            overdue = now - entry.first_seen >= self.timeout or len(self._pending) > self.max_pending
-            if complete or overdue:
-                self._emit(step, self._pending.pop(step))
-            else:
-                break  # keep steps in order: a later step waits for an earlier one
+    def _world_size(self) -> int:
+        seen = max(self.expected | self.last_step.keys(), default=0) + 1
+        if self.parallel is None:
+            self._once("no-world", "aggregate: the log states no world size; the last pipeline stage is "
+                       "taken from the highest rank seen (world %d); pass --loss-ranks if this sidecar does "
+                       "not follow every rank", seen)
+            return seen
+        if self.parallel.world_size < seen:
+            self._once("small-world", "aggregate: the logged world size %d is below the ranks seen (world %d); "
+                       "using %d", self.parallel.world_size, seen, seen)
+            return seen
+        return self.parallel.world_size
 
     def _emit(self, step: int, entry: _Step) -> None:
         scalars: dict[str, float] = {}
@@ -134,9 +311,13 @@ class CrossRankAggregator:
         for tag, by_rank in entry.values.items():
             if tag == tags.LOSS and valid_loss is not None:
                 by_rank = {r: v for r, v in by_rank.items() if r in valid_loss}
-            finite = [v for v in by_rank.values() if math.isfinite(v)]
+                if not by_rank and valid_loss.isdisjoint(self.expected | self.last_step.keys()):
+                    self._once("no-loss", "aggregate: no loss/* written: the valid loss is on rank(s) %s (the "
+                               "last pipeline stage, or --loss-ranks) and this sidecar follows none of them",
+                               _ranks_text(valid_loss))
             if not by_rank:
                 continue
+            finite = [v for v in by_rank.values() if math.isfinite(v)]
             values = list(by_rank.values())
             if len(finite) < len(values):
                 scalars[f"{tag}/mean"] = math.nan  # a non-finite rank must show, not be averaged away
@@ -148,10 +329,16 @@ class CrossRankAggregator:
                 scalars[f"{tag}/spread"] = max(finite) - min(finite)
             if tag == tags.ITERATION_TIME:
                 scalars[SLOWEST] = float(max(by_rank, key=lambda r: by_rank[r]))
+        self._emitted = step
         if scalars:
             self._write_layout(entry.wall)
             self.writer.write(Record(step, entry.wall or None, scalars))
             self._emitted_since_resume = True
+
+    def _once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning(message, *args)
 
     def _write_layout(self, wall: float) -> None:
         if self._layout_written:
@@ -163,3 +350,14 @@ class CrossRankAggregator:
             charts[f"{tag} (mean, min-max band)"] = ["Margin", [f"{tag}/mean", f"{tag}/min", f"{tag}/max"]]
         summary = custom_scalars({"mstb-sidecar: ranks": charts})
         self.writer.write_values(0, wall, list(summary.value))
+
+
+def _ranks_text(ranks: set[int] | list[int]) -> str:
+    """``0-7, 9``: runs of consecutive ranks as ranges (a node's ranks are one line, not a thousand)."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and runs[-1][1] == rank - 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done (also when nothing matched, with a warning), 1 the output could not be
 written (disk full, read-only), 2 a misuse (bad option, missing path, unwritable ``--out``,
-unreadable config). Errors are one line on stderr, never a traceback.
+unreadable config, another sidecar already writing ``--out`` as this instance). Errors are one
+line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from sidecar import __version__
 from sidecar.config import ConfigError, SidecarConfig, check_paths, load_config, prepare_out
+from sidecar.lock import LockError, hold
 from sidecar.logsetup import setup_logging
 
 EXIT_OK, EXIT_WRITE, EXIT_USAGE = 0, 1, 2
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(config.quiet, config.verbose)
         check_paths(config)
         prepare_out(config.out)
-    except ConfigError as exc:
+        hold(config.out, config.instance)  # for the life of the process: one writer per --out and instance
+    except (ConfigError, LockError) as exc:
         parser.exit(EXIT_USAGE, f"{parser.prog}: error: {exc}\n")
     _raise_fd_limit()
     try:
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_daemon(config)
     except OSError as exc:
         return _write_failure(config, exc)
+    except LockError as exc:  # --out was deleted and another sidecar took it meanwhile
+        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {exc}\n")
     except KeyboardInterrupt:
         return 130
 

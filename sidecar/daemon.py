@@ -15,6 +15,12 @@ SIGHUP: rescan now. Open files are kept: they are followed by identity, and a re
 deleted file that still has unread bytes can only be read through its open descriptor.
 A write error (disk full, read-only) ends the process with status 1 before any checkpoint could
 claim the failed events, so a restart after the fix loses nothing.
+
+Output deleted under the loop (a run directory, the event file being written, all of ``--out``)
+is noticed by the checkpoint's barrier (:class:`OutputLost`) before the checkpoint could claim
+it. The loop then starts over in-process: it closes the engine, drops its checkpoint, and a new
+engine reads every log again from the start; the run writers skip what the runs still hold, so
+what was deleted is written again and nothing twice.
 """
 
 from __future__ import annotations
@@ -24,12 +30,16 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from types import FrameType
 
 from sidecar.config import SidecarConfig
-from sidecar.engine import Engine
+from sidecar.engine import Engine, Settings
+from sidecar.event_file import OutputLost
+from sidecar.lock import hold
 from sidecar.notify import Notifier
 from sidecar.replay import settings_from
+from sidecar.state import StateStore
 from sidecar.wakeup import WakeUp
 
 log = logging.getLogger(__name__)
@@ -77,27 +87,38 @@ def _status(engine: Engine) -> str:
     lag = sum(max(s.tail.size - s.tail.offset, 0) for s in sources)
     steps = [r.stats.last_step for r in engine.ranks.values() if r.stats.last_step is not None]
     last = f", last step {max(steps)}" if steps else ""
-    return f"following {len(sources)} file(s), {len(engine.ranks)} rank(s){last}, lag {lag} bytes"
+    dropped = engine.accounting.describe()
+    skipped = f", not written: {dropped}" if dropped else ""
+    return f"following {len(sources)} file(s), {len(engine.ranks)} rank(s){last}, lag {lag} bytes{skipped}"
 
 
 def run_daemon(config: SidecarConfig) -> int:
-    engine = Engine(settings_from(config, live=True))
+    settings = settings_from(config, live=True)
+    engine = Engine(settings)
     notifier = Notifier()
     wake = WakeUp(config.paths, config.out, config.poll)
     signals = _Signals(wake.event)
+    collector = None
     if config.metrics_port is not None:
         from sidecar.metrics import serve
 
-        serve(engine, config.metrics_host, config.metrics_port)
+        collector = serve(engine, config.metrics_host, config.metrics_port)
     try:
         engine.scan()
         log.info("watching %s (%s) -> %s; %d file(s) so far",
                  ", ".join(map(str, config.paths)), wake.mode, config.out, len(engine.sources))
         notifier.ready(_status(engine))
-        _loop(engine, config, notifier, wake, signals)
-        notifier.stopping()
-        _drain(engine, config.drain_timeout)
-        engine.checkpoint()
+        while True:
+            try:
+                _loop(engine, config, notifier, wake, signals)
+                notifier.stopping()
+                _drain(engine, config.drain_timeout)
+                engine.checkpoint()
+                break
+            except OutputLost as lost:
+                engine = _start_over(engine, settings, lost)
+                if collector is not None:
+                    collector.engine = engine
     except OSError:
         engine.abandon()
         raise
@@ -106,6 +127,21 @@ def run_daemon(config: SidecarConfig) -> int:
     engine.close()
     log.info("stopped: %s", _status(engine))
     return 0
+
+
+def _start_over(engine: Engine, settings: Settings, lost: OutputLost) -> Engine:
+    """A new engine that reads every log again; the old one's checkpoint may claim lost points.
+
+    ``--from-end`` no longer applies: every file was seen already, and skipping its content now
+    would leave what was deleted unwritten for good.
+    """
+    log.warning("%s; writing it again from the logs", lost)
+    engine.close()  # fsyncs what is still on disk; saves no checkpoint
+    hold(settings.out, settings.instance)  # a deleted --out took the lock file with it
+    StateStore(settings.out, settings.instance).forget()
+    fresh = Engine(replace(settings, from_end=False))
+    fresh.scan()
+    return fresh
 
 
 def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeUp, signals: _Signals) -> None:

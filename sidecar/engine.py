@@ -1,17 +1,27 @@
 """The pipeline, shared by ``replay`` and the live daemon.
 
     discover files -> tail bytes -> split lines by rank -> parse -> assemble per-rank records
-    -> sequence (new / duplicate / resume) -> write events, raise alerts -> checkpoint
+    -> sequence (new / duplicate / superseded / resume) -> write events, raise alerts -> checkpoint
 
 Invariant: every (rank, tag, step) reaches its run's event files exactly once, however often
 the engine is stopped, killed or restarted, and in whatever order overlapping files
-(``info.log`` and ``worker_N.log``) are read. Three mechanisms give it:
+(``info.log`` and ``worker_N.log``, attempt directories) are read; every step record read is
+written or counted under a named reason (:mod:`sidecar.accounting`). What gives it:
 
 1. a checkpointed offset never passes a line whose record is not yet durably written (offsets
-   are the start of the oldest held line; writers are synced before the state is saved);
-2. re-read records are dropped by the rank sequencer (by step and the line's own timestamp);
+   are the start of the oldest held or unprocessed line; writers are synced before the state
+   is saved), and a state that does not match the runs on disk is not trusted;
+2. chains are read in the order their data gives (:mod:`sidecar.chains`) and the rank
+   sequencer judges each record by position and identity, never by clock
+   (:mod:`sidecar.sequencer`);
 3. a run writer never writes a (tag, step) its directory already shows, even if that was written
    after the last checkpoint.
+
+Ranks are read so that they reach the cross-rank aggregate together: while more than
+:data:`LEAD` steps wait there for some ranks, only those ranks' files are read (unless they have
+no input left), so ranks whose logs differ in bytes per step, or a rank that went back to a
+checkpoint first, never make the aggregate hold more than that. It holds them by design, not
+by a cap that would write steps without every rank.
 
 The engine is single-threaded and never sleeps: callers decide when to scan, pump and checkpoint.
 """
@@ -22,28 +32,31 @@ import logging
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parsers.assembler import StreamAssembler
-from parsers.line import parse_message
-from parsers.prefix import PrefixSplitter
 from parsers.rank_labels import RankRouter
-from parsers.records import Family, MalformedLine, PipelineLine, Record
+from parsers.records import Family, MalformedLine, ParallelConfigLine, PipelineLine, Record
+from sidecar.accounting import Accounting, Reason
 from sidecar.aggregate import CrossRankAggregator
 from sidecar.alerts import Alerts
+from sidecar.chains import LATE, Chain, Stream, first_record, text_of
 from sidecar.discovery import Candidate, discover
 from sidecar.event_scan import RunView
 from sidecar.ms_follow import SummaryFollower
 from sidecar.run_writer import RunWriter
 from sidecar.sequencer import RankSequencer, Verdict
-from sidecar.state import FileState, RankState, RunState, State, StateStore, instance_name
+from sidecar.state import FileState, RunState, State, StateStore, StreamState, instance_name, runs_match
 from sidecar.tailer import FileTail, Identity
 
 log = logging.getLogger(__name__)
 
 SCAN_PASSES = 4
+LEAD = 256  # steps the aggregate may hold before only the ranks it waits for are read
+TOTAL_READ = 64 << 20  # bytes read ahead over all files at once (split between them)
+MIN_READ = 64 << 10
 _RANK_RUN = re.compile(r"rank_(\d+)")
 
 
@@ -62,36 +75,27 @@ class Settings:
     loss_ranks: set[int] | None = None
 
 
-@dataclass
-class Stream:
-    """One rank's lines within one file."""
-
-    assembler: StreamAssembler
-    prefix: PrefixSplitter = field(default_factory=PrefixSplitter)
-    prev_step: int | None = None
-
-
 class Source:
-    """A followed file and its per-rank streams."""
+    """A followed file: its tail, its chain, and the lines read but not processed yet."""
 
-    def __init__(self, candidate: Candidate, tail: FileTail, router: RankRouter, companion_wait: float) -> None:
+    def __init__(self, candidate: Candidate, tail: FileTail, router: RankRouter, chain: Chain) -> None:
         self.candidate = candidate
         self.tail = tail
         self.router = router
-        self.companion_wait = companion_wait
-        self.streams: dict[int, Stream] = {}
-        self.lines = 0
-        self.malformed = 0
+        self.chain = chain
+        self.backlog: deque[tuple[int, bytes]] = deque()
+        self.active = False  # it had input left after the last pump
+        self.long_lines = 0  # of the tail's count, already accounted
         self.unseen_since: float | None = None  # monotonic time it left discovery
 
-    def stream(self, rank: int) -> Stream:
-        stream = self.streams.get(rank)
-        if stream is None:
-            stream = self.streams[rank] = Stream(StreamAssembler(self.companion_wait))
-        return stream
+    def holds_records(self) -> bool:
+        return any(s.assembler.pending_origin is self for s in self.chain.streams.values())
 
     def safe_offset(self) -> int:
-        pending = [s.assembler.pending_offset for s in self.streams.values()]
+        """Where a restart must read from: the oldest line whose record is not written yet."""
+        pending = [s.assembler.pending_offset for s in self.chain.streams.values() if s.assembler.pending_origin is self]
+        if self.backlog:
+            pending.append(self.backlog[0][0])
         return min((p for p in pending if p is not None), default=self.tail.offset)
 
 
@@ -100,16 +104,17 @@ class RankStats:
     records: int = 0
     first_step: int | None = None
     last_step: int | None = None
-    duplicates: int = 0
     resumes: int = 0
     tags: set[str] = field(default_factory=set)
     families: set[Family] = field(default_factory=set)
 
 
 class Rank:
-    def __init__(self, run_dir: Path, sequencer: RankSequencer, since: RunView | None) -> None:
-        self.sequencer = sequencer
+    def __init__(self, run_dir: Path, since: RunView | None) -> None:
         self.writer = RunWriter(run_dir, since)
+        self.sequencer = RankSequencer(self.writer.max_step, self.writer.holds)
+        for key, shown in self.writer.view.recent.items():
+            self.sequencer.remember(key, shown)
         self.stats = RankStats()
 
 
@@ -117,11 +122,15 @@ class Engine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = StateStore(settings.out, settings.instance)
-        self._restored = self.store.load()
+        self._restored = _trusted(self.store.load(), settings.out)
         self._restored_files = {f"{f.dev}:{f.ino}": f for f in self._restored.files}
         self.sources: dict[Identity, Source] = {}
+        self.chains: dict[str, Chain] = {}
         self._order: list[Source] | None = None
+        self._pumped = False  # chains found before the first read are ordered by their data
+        self._chain_seq = 0  # then in the order found
         self.ranks: dict[int, Rank] = {}
+        self.accounting = Accounting()
         self.alerts = Alerts()
         self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
         self._other_runs: dict[str, RunWriter] = {}
@@ -134,7 +143,10 @@ class Engine:
             if settings.aggregate
             else None
         )
+        if self.aggregator is not None and self._restored.aggregate is not None:
+            self.aggregator.restore(self._restored.aggregate)  # what it waited for before the restart
         self.bytes_read = 0
+        self.lines_read = 0
 
     # -- discovery -------------------------------------------------------------------------
     def scan(self) -> list[Source]:
@@ -149,6 +161,7 @@ class Engine:
         for _ in range(SCAN_PASSES):
             if not self._scan_pass(added):
                 break
+        self._order_chains()
         self._order = None
         return added
 
@@ -178,13 +191,31 @@ class Engine:
             except FileNotFoundError:
                 changed = True  # renamed or deleted between the listing and now
                 continue
-            except OSError:
-                continue  # unreadable (permissions): the next scan tries again
+            except OSError as exc:
+                self.accounting.unreadable(candidate.path, candidate.rank, exc)
+                continue  # the next scan tries again
+            self.accounting.readable(candidate.path)
             changed = changed or source.candidate != candidate or source.unseen_since != now
             source.tail.path = candidate.path  # renamed (rotated) files are found under the new name
             source.candidate = candidate
             source.unseen_since = None
         return changed or any(s.unseen_since == now for s in self.sources.values())
+
+    def _order_chains(self) -> None:
+        """Give new chains their place: by their first training step before the first read,
+        last (in the order found) once reading has begun; see :mod:`sidecar.chains`."""
+        unordered: dict[str, list[Source]] = {}
+        for source in self.sources.values():
+            if source.chain.order is None:
+                unordered.setdefault(source.chain.key, []).append(source)
+        for key, members in sorted(unordered.items()):
+            chain = self.chains[key]
+            first = None
+            if not self._pumped:
+                paths = [s.tail.path for s in sorted(members, key=lambda s: -s.candidate.backup)]
+                first = first_record(paths, self.settings.default_rank, self.settings.rank_pattern)
+            self._chain_seq += 1
+            chain.order = (*(first if first is not None else LATE), self._chain_seq)
 
     def moved(self) -> bool:
         """Has a followed path been vacated, or does it now hold a file not followed yet?
@@ -204,91 +235,127 @@ class Engine:
         return False
 
     def _open_source(self, candidate: Candidate, tail: FileTail) -> Source:
-        router = RankRouter(candidate.rank, self.settings.rank_pattern)
-        source = Source(candidate, tail, router, self.settings.companion_wait)
+        chain = self.chains.get(candidate.chain)
+        if chain is None:
+            chain = self.chains[candidate.chain] = Chain(candidate.chain)
+        source = Source(candidate, tail, RankRouter(candidate.rank, self.settings.rank_pattern), chain)
         restored = self._restored_files.pop(tail.identity.key(), None)
         try:
             if restored is not None:
                 tail.offset, tail.skipping = restored.offset, restored.skipping
-                if tail.verify(restored.head, restored.marker):
-                    for rank, snap in restored.streams.items():
-                        source.stream(int(rank)).assembler.restore(snap)
-                    for rank, step in restored.prev_steps.items():
-                        source.stream(int(rank)).prev_step = step
-                else:
+                if not tail.verify(restored.head, restored.marker):
                     log.info("%s changed while the sidecar was not running; reading it again from the start",
                              candidate.path)
             elif self.settings.from_end:
                 tail.start_at_end()
-        except OSError as exc:
-            log.warning("cannot open %s: %s", candidate.path, exc)
+        except OSError:
             tail.close()
             raise
         return source
 
+    def _stream(self, chain: Chain, rank: int) -> Stream:
+        stream = chain.streams.get(rank)
+        if stream is None:
+            stream = chain.stream(rank, self.settings.companion_wait)
+            saved = self._restored.chains.get(chain.key, {}).get(str(rank))
+            if saved is not None:
+                stream.assembler.restore(saved.assembler)
+                stream.cursor.prev_step, stream.cursor.live = saved.prev_step, saved.live
+        return stream
+
     # -- reading ---------------------------------------------------------------------------
     def ordered_sources(self) -> list[Source]:
-        """Sources in reading order; sorted again only after discovery ran or a source left."""
+        """Sources in reading order: per rank, chains in their order, each chain oldest file
+        first. Sorted again only after discovery ran or a source left."""
         if self._order is None:
-            self._order = sorted(self.sources.values(), key=lambda s: s.candidate.order())
+            self._order = sorted(
+                self.sources.values(),
+                key=lambda s: (s.candidate.rank, s.chain.order, s.chain.key, -s.candidate.backup),
+            )
         return self._order
 
     def pump(self, budget: int, now: float) -> int:
-        """Read and process up to ``budget`` bytes per file; older files of a chain first.
+        """Read and process input; returns how much was done (bytes read + lines processed).
 
-        A newer file of a rotation chain is read only once the older ones gave every complete
-        line (a partial last line that may never be finished does not hold it up). When the
-        newer file has lines, records still held in the older ones are released first: the
-        writer moved on, so their companion line (a bar split off by the rollover) is not
-        coming there, and releasing them later would put their step after the newer ones.
+        Per rank, a file is read only once every file before it in reading order has given all
+        its complete lines (a partial last line that may never be finished does not hold it
+        up): a rotation chain's older files first, and a copy or a later attempt after what it
+        copies or continues. Across ranks, the aggregate's hold-back (see the module docstring).
         """
-        total = 0
-        blocked_chain: str | None = None
-        drained: list[Source] = []  # older files of the current chain, read to their end
-        for source in self.ordered_sources():
-            chain = source.candidate.chain
-            if chain == blocked_chain:
-                continue  # an older file of this rotation chain still has lines to give
-            if drained and drained[0].candidate.chain != chain:
-                drained = []
-            before = source.tail.bytes_read
-            try:
-                lines = source.tail.read(budget)
-            except OSError as exc:
-                self._lose(source, exc)
-                continue
-            total += source.tail.bytes_read - before
-            if lines:
-                for older in drained:
-                    self._release(older)
-            for start, raw in lines:
-                self._line(source, start, raw, now)
-            if source.tail.starved:
-                blocked_chain = chain
-            else:
-                drained.append(source)
-        self.bytes_read += total
+        self._pumped = True
+        held = self._holding_back()
+        stalled = held and not any(self._waited(s) for s in self.sources.values() if s.active)
+        work = self._round(budget, now, stalled)
+        if held and not stalled and not work:
+            work = self._round(budget, now, True)  # the ranks waited for gave nothing after all
         if self.aggregator is not None:
             self.aggregator.ready = True  # every file was read once: its ranks are known
-        return total + self.summaries.pump()
+            self.aggregator.flush_due(now)  # steps complete since then
+        return work + self.summaries.pump()
+
+    def _round(self, budget: int, now: float, unheld: bool) -> int:
+        sources = self.ordered_sources()
+        per_file = max(MIN_READ, min(budget, TOTAL_READ // max(len(sources), 1)))
+        work = 0
+        busy: set[int] = set()  # ranks whose earlier file still has input
+        for source in sources:
+            rank = source.candidate.rank
+            if rank in busy or not (unheld or self._may_read(source)):
+                continue
+            if not source.backlog:
+                before = source.tail.bytes_read
+                try:
+                    source.backlog.extend(source.tail.read(per_file))
+                except OSError as exc:
+                    self._lose(source, exc)
+                    continue
+                read = source.tail.bytes_read - before
+                self.bytes_read += read
+                work += read
+                self.accounting.drop(rank, Reason.TOO_LONG, source.tail.long_lines - source.long_lines)
+                source.long_lines = source.tail.long_lines
+            work += self._process(source, now, unheld)
+            source.active = bool(source.backlog) or source.tail.starved
+            if source.active:
+                busy.add(rank)
+        return work
+
+    def _holding_back(self) -> bool:
+        return self.aggregator is not None and self.aggregator.pending_steps() > LEAD
+
+    def _waited(self, source: Source) -> bool:
+        return self.aggregator is not None and self.aggregator.waits_for(source.candidate.rank)
+
+    def _may_read(self, source: Source) -> bool:
+        """Below LEAD waiting steps every file may be read; above it, only the files of ranks the
+        oldest waiting step waits for."""
+        return not self._holding_back() or self._waited(source)
+
+    def _process(self, source: Source, now: float, unheld: bool) -> int:
+        """Lines of the backlog, while the file may be read (see :meth:`_may_read`)."""
+        done = 0
+        backlog = source.backlog
+        while backlog and (unheld or self._may_read(source)):
+            start, raw = backlog.popleft()
+            self._line(source, start, raw, now)
+            done += 1
+        self.lines_read += done
+        return done
 
     def _line(self, source: Source, start: int, raw: bytes, now: float) -> None:
-        source.lines += 1
-        text = raw.decode("utf-8", "replace")
-        if text.endswith("\r"):
-            text = text[:-1]
-        rank, body = source.router.route(text)
-        stream = source.stream(rank)
+        rank, body = source.router.route(text_of(raw))
+        stream = self._stream(source.chain, rank)
         if self.aggregator is not None:
             self.aggregator.expected.add(rank)
-        message = stream.prefix.split(body)
-        parsed = parse_message(message)
+        parsed, records = stream.feed(body, start, now, source)
+        self.accounting.drop(rank, Reason.MALFORMED, stream.assembler.take_malformed())
         if isinstance(parsed, MalformedLine):
-            source.malformed += 1
-            parsed = None
+            self.accounting.drop(rank, Reason.MALFORMED)
         elif isinstance(parsed, PipelineLine) and self.aggregator is not None:
             self.aggregator.note_pipeline(parsed)
-        for record in stream.assembler.feed(parsed, message.timestamp, start, now):
+        elif isinstance(parsed, ParallelConfigLine) and self.aggregator is not None:
+            self.aggregator.note_parallel(parsed)
+        for record in records:
             self._deliver(rank, stream, record)
 
     def tick(self, now: float) -> bool:
@@ -300,8 +367,8 @@ class Engine:
         if self.aggregator is not None:
             self.aggregator.flush_due(now)
         holding = False
-        for source in self.sources.values():
-            for rank, stream in source.streams.items():
+        for chain in self.chains.values():
+            for rank, stream in chain.streams.items():
                 for record in stream.assembler.flush_due(now):
                     self._deliver(rank, stream, record)
                 holding = holding or stream.assembler.pending_offset is not None
@@ -309,15 +376,12 @@ class Engine:
 
     def end_of_input(self) -> None:
         """Release every held record (replay: nothing more will come)."""
-        for source in self.sources.values():
-            self._release(source)
+        for chain in self.chains.values():
+            for rank, stream in chain.streams.items():
+                for record in stream.assembler.flush():
+                    self._deliver(rank, stream, record)
         if self.aggregator is not None:
             self.aggregator.flush()
-
-    def _release(self, source: Source) -> None:
-        for rank, stream in source.streams.items():
-            for record in stream.assembler.flush():
-                self._deliver(rank, stream, record)
 
     # -- delivery --------------------------------------------------------------------------
     def run_writer(self, name: str) -> RunWriter:
@@ -340,34 +404,23 @@ class Engine:
     def rank(self, rank: int) -> Rank:
         entry = self.ranks.get(rank)
         if entry is None:
-            key = str(rank)
-            rs = self._restored.ranks.get(key, RankState())
-            sequencer = RankSequencer(
-                rs.last_step,
-                rs.last_wall if rs.last_wall is not None else float("-inf"),
-                rs.segment_wall if rs.segment_wall is not None else float("-inf"),
-            )
-            run = self._restored.runs.get(key)
+            run = self._restored.runs.get(str(rank))
             since = RunView(dict(run.watermarks), run.file, run.size) if run else None
-            entry = self.ranks[rank] = Rank(self.settings.out / f"rank_{rank}", sequencer, since)
-            view = entry.writer.view
-            if view.newest is not None:
-                sequencer.catch_up(*view.newest, view.segment_wall)
+            entry = self.ranks[rank] = Rank(self.settings.out / f"rank_{rank}", since)
         return entry
 
     def _deliver(self, rank_id: int, stream: Stream, record: Record) -> None:
         rank = self.rank(rank_id)
         stats = rank.stats
         if record.training_step:
-            went_back = stream.prev_step is not None and record.step < stream.prev_step
-            stream.prev_step = record.step
-            verdict = rank.sequencer.judge(record, went_back)
-            if verdict is not Verdict.STALE and self.aggregator is not None:
+            verdict = rank.sequencer.judge(record, stream.cursor)
+            if verdict is not Verdict.SUPERSEDED and self.aggregator is not None:
                 self.aggregator.observe(rank_id, record, time.monotonic(), verdict is Verdict.RESUME)
             if verdict is Verdict.DUPLICATE:
-                stats.duplicates += 1
+                self.accounting.drop(rank_id, Reason.DUPLICATE)
                 return
-            if verdict is Verdict.STALE:
+            if verdict is Verdict.SUPERSEDED:
+                self.accounting.drop(rank_id, Reason.SUPERSEDED)
                 return
             if verdict is Verdict.RESUME:
                 stats.resumes += 1
@@ -380,15 +433,19 @@ class Engine:
             stats.records += 1
             stats.first_step = record.step if stats.first_step is None else min(stats.first_step, record.step)
             stats.last_step = record.step
-        elif not rank.sequencer.admits_attached(record):
+            self.accounting.wrote(rank_id)
+        elif not stream.cursor.live:
+            self.accounting.drop(rank_id, Reason.SUPERSEDED)
             return
         self.alerts.observe(rank_id, record)
         if rank.writer.write(record):
             stats.tags.update(record.scalars)
             stats.tags.update(record.texts)
+        elif not record.training_step:
+            self.accounting.drop(rank_id, Reason.DUPLICATE)
 
     def _lose(self, source: Source, exc: OSError) -> None:
-        log.warning("stopped following %s: %s", source.tail.path, exc)
+        self.accounting.unreadable(source.tail.path, source.candidate.rank, exc)
         source.tail.close()
         self.sources.pop(source.tail.identity, None)
         self._order = None
@@ -404,19 +461,20 @@ class Engine:
         state = State(summaries=self.summaries.offsets())
         for writer in self._extra_writers():
             writer.sync()
+        if self.aggregator is not None:
+            state.aggregate = self.aggregator.snapshot()
         for rank_id, rank in self.ranks.items():
             view = rank.writer.sync()
-            seq = rank.sequencer
-            state.ranks[str(rank_id)] = RankState(
-                last_step=seq.last_step,
-                last_wall=_finite(seq.last_wall),
-                segment_wall=_finite(seq.segment_wall),
-            )
             state.runs[str(rank_id)] = RunState(file=view.file, size=view.size, watermarks=dict(view.watermarks))
-        for key, rank_state in self._restored.ranks.items():
-            state.ranks.setdefault(key, rank_state)
         for key, run_state in self._restored.runs.items():
             state.runs.setdefault(key, run_state)
+        for chain in self.chains.values():
+            state.chains[chain.key] = {
+                str(rank): StreamState(assembler=s.assembler.snapshot(), prev_step=s.cursor.prev_step, live=s.cursor.live)
+                for rank, s in chain.streams.items()
+            }
+        for key, streams in self._restored.chains.items():
+            state.chains.setdefault(key, streams)
         for source in self.sources.values():
             file_state = self._file_state(source)
             if file_state is not None:
@@ -442,8 +500,6 @@ class Engine:
             skipping=tail.skipping and not held,
             head=head,
             marker=marker,
-            streams={str(r): s.assembler.snapshot() for r, s in source.streams.items()},
-            prev_steps={str(r): s.prev_step for r, s in source.streams.items() if s.prev_step is not None},
         )
 
     def forget_gone(self, quiet: float) -> None:
@@ -451,14 +507,15 @@ class Engine:
 
         A renamed-away file may still be appended to by a writer that holds it open, so it is
         kept (and read) for the quiet period; one with unread bytes (by a fresh ``fstat``, not
-        the size the last read saw) is never dropped.
+        the size the last read saw) or a held record is never dropped.
         """
         now = time.monotonic()
         for identity, source in list(self.sources.items()):
             if (
                 source.unseen_since is not None
                 and now - source.unseen_since >= quiet
-                and all(s.assembler.pending_offset is None for s in source.streams.values())
+                and not source.backlog
+                and not source.holds_records()
                 and source.tail.drained()
             ):
                 source.tail.close()
@@ -479,5 +536,16 @@ class Engine:
             source.tail.close()
 
 
-def _finite(value: float) -> float | None:
-    return value if value != float("-inf") else None
+def _trusted(state: State, out: Path) -> State:
+    """The restored state, if it describes the runs on disk; else a fresh start, with a warning.
+
+    A state copied from another job, rolled back, or left after the runs were deleted would
+    claim points the runs do not have, and its offsets would skip them for good. Reading every
+    log again instead loses nothing: the run writers drop what the runs already show.
+    """
+    lost = runs_match(out, state)
+    if not lost:
+        return state
+    log.warning("the checkpoint does not match the runs in %s (%s); reading every log again from the start, "
+                "points the runs already show are not written twice", out, "; ".join(lost.values()))
+    return State()

@@ -31,6 +31,15 @@ _HOST_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 _counter = 0
 
 
+class OutputLost(Exception):
+    """Events written to ``run_dir`` are no longer there (deleted, moved away or replaced)."""
+
+    def __init__(self, run_dir: Path, what: str) -> None:
+        super().__init__(f"output lost: {what}")
+        self.run_dir = run_dir
+        self.what = what
+
+
 def event_files(run_dir: Path) -> list[Path]:
     """Event files of a run directory in TensorBoard's reading order (by name)."""
     try:
@@ -38,6 +47,24 @@ def event_files(run_dir: Path) -> list[Path]:
     except FileNotFoundError:
         return []
     return [run_dir / n for n in names]
+
+
+def vanished(run_dir: Path, name: str, size: int) -> str | None:
+    """Why the first ``size`` bytes of event file ``name`` are no longer in ``run_dir``, or None."""
+    if not name:
+        return None
+    path = run_dir / name
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return _deleted(path)
+    if st.st_size < size:
+        return f"{path} holds {st.st_size} of the {size} bytes written"
+    return None
+
+
+def _deleted(path: Path) -> str:
+    return f"{path.parent if not path.parent.is_dir() else path} was deleted"
 
 
 def next_file_name(run_dir: Path, now: float | None = None) -> str:
@@ -66,7 +93,12 @@ class EventFileWriter:
     def __init__(self, run_dir: Path, wall_time: float) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / next_file_name(run_dir)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:  # the run directory was deleted right after it was made
+            raise OutputLost(run_dir, _deleted(self.path)) from None
+        st = os.fstat(self._fd)
+        self._identity = (st.st_dev, st.st_ino)
         self._buffer: list[bytes] = []
         self._durable_size = 0
         self.size = 0
@@ -97,6 +129,18 @@ class EventFileWriter:
         if self._durable_size != self.size:
             os.fsync(self._fd)
             self._durable_size = self.size
+
+    def lost(self) -> str | None:
+        """Why this file is no longer the one TensorBoard reads at its path, or None if it is."""
+        if os.fstat(self._fd).st_nlink == 0:
+            return _deleted(self.path)
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return f"{self.path} was moved away"
+        if (st.st_dev, st.st_ino) != self._identity:
+            return f"{self.path} was replaced by another file"
+        return None
 
     def close(self) -> None:
         try:

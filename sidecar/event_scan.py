@@ -7,16 +7,23 @@ purges every earlier point with step >= S, so the watermarks describe the curren
 
 The scan can start from a remembered (file, size) position: everything before it is already
 summarised by the remembered watermarks, so a restart reads only the last checkpoint interval.
+The records identities it reads there (:func:`sidecar.sequencer.identity`) let the sequencer
+recognise the lines it re-reads from the checkpoint as copies; :func:`run_holds` answers the
+same question for any older record, by reading the whole run (rarely: once per new chain).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorboardX.proto import event_pb2
 
+from parsers import tags
 from sidecar.event_file import event_files
+from sidecar.sequencer import WINDOW, Identity, identity
 from sidecar.tfrecord import CorruptRecord, iter_records
 
 
@@ -24,31 +31,53 @@ from sidecar.tfrecord import CorruptRecord, iter_records
 class RunView:
     """Newest step per tag, and where the scan stopped (the resume point for the next scan).
 
-    ``newest`` (step, wall time of the last point read) and ``segment_wall`` (wall time of the
-    last START that purged points, i.e. a training resume) describe only what the scan read
-    after its starting position: what a crash wrote after the last checkpoint. The sequencer
-    catches up with them, so lines re-read from the checkpoint are judged against what the run
-    already holds, not against the older checkpoint (a dead segment's lines then stay dead).
+    ``recent`` holds the identities of the points read after the scan's starting position
+    (what a crash wrote after the last checkpoint), ``True`` while shown and ``False`` once a
+    later START superseded them; at most :data:`sidecar.sequencer.WINDOW` of them.
     """
 
     watermarks: dict[str, int] = field(default_factory=dict)
     file: str = ""
     size: int = 0
-    newest: tuple[int, float] | None = None
-    segment_wall: float | None = None
+    recent: OrderedDict[Identity, bool] = field(default_factory=OrderedDict)
 
     def apply(self, event: event_pb2.Event) -> None:
         if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
             cut = event.step
-            if any(step >= cut for step in self.watermarks.values()):
-                self.segment_wall = event.wall_time
             self.watermarks = {tag: min(step, cut - 1) for tag, step in self.watermarks.items() if cut > 0}
+            for key in self.recent:
+                if key[0] >= cut:
+                    self.recent[key] = False
             return
         if event.HasField("summary"):
-            self.newest = (event.step, event.wall_time)
+            self.recent[_identity(event)] = True
+            if len(self.recent) > WINDOW:
+                self.recent.popitem(last=False)
             for value in event.summary.value:
                 if self.watermarks.get(value.tag, -1) < event.step:
                     self.watermarks[value.tag] = event.step
+
+
+def _identity(event: event_pb2.Event) -> Identity:
+    loss = next((v.simple_value for v in event.summary.value if v.tag == tags.LOSS), None)
+    return identity(event.step, event.wall_time, loss)
+
+
+def _events(run_dir: Path, start_name: str = "", start_offset: int = 0) -> Iterator[tuple[Path, int, event_pb2.Event | None]]:
+    """(file, end offset, event) for every whole record from the start position on; each file
+    ends with a ``None`` event at the offset where reading stopped."""
+    for path in event_files(run_dir):
+        if start_name and path.name < start_name:
+            continue
+        offset = start_offset if path.name == start_name else 0
+        with open(path, "rb") as fh:
+            try:
+                for record in iter_records(fh, offset):
+                    offset = record.end
+                    yield path, offset, event_pb2.Event.FromString(record.payload)
+            except CorruptRecord:
+                pass  # TensorBoard stops reading a file here too
+        yield path, offset, None
 
 
 def scan_run(run_dir: Path, since: RunView | None = None) -> RunView:
@@ -58,18 +87,15 @@ def scan_run(run_dir: Path, since: RunView | None = None) -> RunView:
     names = [f.name for f in files]
     if since is not None and (since.file not in names or files[names.index(since.file)].stat().st_size < since.size):
         view = RunView()  # the remembered file shrank or vanished: trust only a full scan
-    start_name, start_offset = view.file, view.size
-    for path in files:
-        if start_name and path.name < start_name:
-            continue
-        offset = start_offset if path.name == start_name else 0
-        with open(path, "rb") as fh:
-            try:
-                for record in iter_records(fh, offset):
-                    event = event_pb2.Event.FromString(record.payload)
-                    view.apply(event)
-                    offset = record.end
-            except CorruptRecord:
-                pass  # TensorBoard stops reading a file here too
-        view.file, view.size = path.name, offset
+    for path, offset, event in _events(run_dir, view.file, view.size):
+        if event is None:
+            view.file, view.size = path.name, offset
+        else:
+            view.apply(event)
     return view
+
+
+def run_holds(run_dir: Path, key: Identity) -> bool:
+    """Does any event file of the run hold a point with this identity (shown or superseded)?"""
+    return any(event is not None and event.step == key[0] and _identity(event) == key
+               for _, _, event in _events(run_dir))

@@ -2,6 +2,8 @@
 
 Replay is the daemon's engine run to the end of the input: the same checkpoint makes a second
 replay of the same logs add nothing, and a replay after the logs grew add only the new steps.
+Output deleted while it runs (:class:`OutputLost` at a checkpoint) ends it with one error line
+and status 1; its checkpoint is dropped, so running it again writes everything that is gone.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from tqdm import tqdm
 
 from sidecar.config import SidecarConfig
 from sidecar.engine import Engine, Settings
+from sidecar.event_file import OutputLost
 from sidecar.report import summary
+from sidecar.state import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,10 @@ def run_replay(config: SidecarConfig) -> int:
                     last_checkpoint = time.monotonic()
         engine.end_of_input()
         engine.checkpoint()
+    except OutputLost as lost:
+        StateStore(config.out, config.instance).forget()
+        log.error("%s; run the same command again to write it anew from the logs", lost)
+        return 1
     finally:
         engine.close()
     if not config.quiet:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from parsers import tags
 from sidecar.engine import Engine
 
@@ -20,9 +18,6 @@ _MAIN_TAGS = (
 
 def summary(engine: Engine, seconds: float) -> str:
     sources = list(engine.sources.values())
-    skipped: Counter[int] = Counter()
-    for source in sources:
-        skipped[source.candidate.rank] += source.malformed + source.tail.long_lines
     lines = [
         f"read {len(sources)} file(s), {engine.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
         f"-> {engine.settings.out}"
@@ -30,7 +25,7 @@ def summary(engine: Engine, seconds: float) -> str:
     if not engine.ranks and not engine.summaries.events:
         lines.append("nothing new since the last run")
         return "\n".join(lines)
-    header = ("rank", "steps", "first", "last", "format", "metrics", "skipped", "dups")
+    header = ("rank", "steps", "first", "last", "format", "metrics", "not written")
     rows = [header]
     for rank_id in sorted(engine.ranks):
         stats = engine.ranks[rank_id].stats
@@ -45,18 +40,23 @@ def summary(engine: Engine, seconds: float) -> str:
                 "-" if stats.last_step is None else str(stats.last_step),
                 ", ".join(sorted(f.value for f in stats.families)) or "-",
                 metrics or "-",
-                str(skipped[rank_id]),
-                str(stats.duplicates),
+                ", ".join(f"{n} {r.value}" for r, n in engine.accounting.of_rank(rank_id).items()) or "-",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    dropped = engine.accounting.describe()
+    if dropped:
+        lines.append(f"not written, by reason: {dropped} (duplicate: a copy of a record already written; "
+                     "superseded: from before a training resume; malformed/too-long lines; unreadable files)")
     resumes = sum(r.stats.resumes for r in engine.ranks.values())
     if resumes:
         lines.append(f"training resumed {resumes} time(s); superseded points are hidden by TensorBoard")
     if engine.aggregator is not None and engine.aggregator.writer.points_written:
-        lines.append(f"cross-rank aggregate: {engine.aggregator.writer.run_dir.relative_to(engine.settings.out)}")
+        incomplete = engine.aggregator.incomplete_steps
+        note = f" ({incomplete} step(s) written without every rank, see the warnings)" if incomplete else ""
+        lines.append(f"cross-rank aggregate: {engine.aggregator.writer.run_dir.relative_to(engine.settings.out)}{note}")
     if engine.summaries.events:
         lines.append(f"converted {engine.summaries.events} MindSpore summary event(s) "
                      f"from {len(engine.summaries.files)} file(s)")

@@ -9,6 +9,13 @@ stale tail exactly as its Rust loader does by per-tag preemption.
 
 Watermarks come from the run directory itself (:func:`sidecar.event_scan.scan_run`), so events
 written before a crash but after the last offset checkpoint are not written a second time.
+
+Deleted output: :meth:`RunWriter.sync`, the barrier before every checkpoint, checks that what
+this writer wrote is still in the run directory and raises :class:`OutputLost` if not, so a
+checkpoint never claims events that are gone; the loss is remembered until the writer is
+dropped (a resume or ``close`` in between must not hide it). Only the file being written (or,
+with none open, the last one) is checked: deleting an older, closed event file of a run is
+not noticed.
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ from tensorboardX.proto import event_pb2, summary_pb2
 from tensorboardX.summary import text as text_summary
 
 from parsers.records import Record
-from sidecar.event_file import EventFileWriter
-from sidecar.event_scan import RunView, scan_run
+from sidecar.event_file import EventFileWriter, OutputLost, vanished
+from sidecar.event_scan import RunView, run_holds, scan_run
+from sidecar.sequencer import Identity
 
 RESUME_TAG = "events/resume"
 
@@ -33,6 +41,7 @@ class RunWriter:
         self._file: EventFileWriter | None = None
         self._start_step: int | None = None
         self.points_written = 0
+        self.lost: str | None = None  # what vanished, once noticed
 
     @property
     def max_step(self) -> int:
@@ -56,6 +65,11 @@ class RunWriter:
         self.points_written += len(fresh)
         return len(fresh)
 
+    def holds(self, key: Identity) -> bool:
+        """Does the run hold a point with this identity? (Reads the whole run: rarely asked.)"""
+        self.flush()
+        return run_holds(self.run_dir, key)
+
     def resume(self, step: int, wall_time: float | None, note: str) -> None:
         """Training went back to ``step``: start a new segment that supersedes steps >= step."""
         self.close()
@@ -68,17 +82,29 @@ class RunWriter:
             self._file.flush()
 
     def sync(self) -> RunView:
-        """Durability barrier; returns the view to checkpoint alongside the log offsets."""
-        if self._file is not None:
-            self._file.sync()
-            self.view.file, self.view.size = self._file.path.name, self._file.size
+        """Durability barrier; returns the view to checkpoint alongside the log offsets.
+
+        Raises :class:`OutputLost` when what this writer wrote is no longer on disk.
+        """
+        self._settle()
+        if self.lost is not None:
+            raise OutputLost(self.run_dir, self.lost)
         return self.view
 
     def close(self) -> None:
+        """Sync and close; a loss noticed here is raised by the next :meth:`sync`."""
         if self._file is not None:
-            self.sync()
+            self._settle()
             self._file.close()
             self._file = None
+
+    def _settle(self) -> None:
+        """fsync the open file, then check that what was written is still in the run."""
+        if self._file is not None:
+            self._file.sync()
+            self.view.file, self.view.size = self._file.path.name, self._file.size
+        if self.lost is None:
+            self.lost = self._file.lost() if self._file else vanished(self.run_dir, self.view.file, self.view.size)
 
     def abandon(self) -> None:
         if self._file is not None:

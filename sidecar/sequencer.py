@@ -1,75 +1,123 @@
-"""Per-rank ordering: is a training-step record new, a duplicate, stale, or a training resume?
+"""Per-rank ordering: is a training-step record new, a copy, superseded, or a training resume?
 
-One rank can be reported by several files at once (``rank_N/info.log`` and msrun's
-``worker_N.log`` carry the same records, formatted from the same ``logging`` record and so with
-the same timestamp), and a training job can go back to an earlier step (resume from a
-checkpoint, or a new job reusing the directory). The line's own timestamp tells these apart:
+Position is the order; time is not. Log timestamps are the training host's local clock, which
+steps back at the end of summer time, on an NTP correction, or on another host, so they never
+decide which of two records came later. What decides:
 
-============================  ============================  =====================================
-step vs. last written step    wall time vs. last written    meaning
-============================  ============================  =====================================
-greater                       not earlier                   new: write
-not greater                   not later                     duplicate from another file: drop
-not greater                   later                         training resumed at this step
-greater                       earlier                       a lagging file's superseded segment:
-                                                            drop
-============================  ============================  =====================================
+- Within one *chain* (a log file and its rotated backups, read oldest first), the position in
+  the file is the order: a later record is never dropped as stale, and a step that goes back
+  there is a training resume (from a checkpoint, or a new job in the same place).
+- Several chains can report one rank: ``info.log`` and msrun's ``worker_N.log`` carry the same
+  records, a restart re-reads the tail after its checkpoint, two attempt directories overlap.
+  A copy is recognised by what it is: its *identity* (step, the line's own timestamp and the
+  loss, as written) equals a record the run already holds.
 
-Lines without a timestamp (prefix-trimmed logs) fall back to the stream's own order: a step
-that goes backwards within one file is a resume. The state is two numbers per rank, persisted
-with the log offsets so that a restart decides exactly as an uninterrupted run would have.
+For a record at step ``s`` with identity ``k``, read from chain ``C`` of this rank:
+
+======================================================  =========================================
+condition (first that holds)                            verdict
+======================================================  =========================================
+``k`` was written and is still shown                    DUPLICATE: drop, counted
+``k`` was written and a resume superseded it            SUPERSEDED: a lagging copy of a dead
+                                                        segment; drop, counted
+``s`` > the last step written                           NEW: write
+``C`` itself went back to ``s`` (or repeats it)         RESUME: supersede the run from ``s`` on
+``C`` gave no step before and the run does not hold     RESUME: a source read later continues
+``k``                                                   the run from an earlier step (a resumed
+                                                        attempt in another directory)
+otherwise                                               DUPLICATE: ``C`` re-delivers what the
+                                                        run holds (a re-read beyond the window)
+======================================================  =========================================
+
+Memory is bounded: identities are remembered for the last :data:`WINDOW` records written or
+superseded. Older ones are looked up in the run's event files, and only for the first record
+of a chain (that one question decides whether the chain is a copy or a continuation); the
+engine orders a rank's chains so that copies are read after what they copy (see
+:mod:`sidecar.chains`). A record without a timestamp has no identity beyond its step and values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import struct
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import Enum
 
+from parsers import tags
 from parsers.records import Record
+
+WINDOW = 2048
+
+Identity = tuple[int, float | None, int | None]
 
 
 class Verdict(Enum):
     NEW = "new"
     DUPLICATE = "duplicate"
-    STALE = "stale"
+    SUPERSEDED = "superseded"
     RESUME = "resume"
+
+
+def identity(step: int, wall: float | None, loss: float | None) -> Identity:
+    """What makes two copies of a record the same record: step, timestamp, loss as float32."""
+    bits = None if loss is None else struct.unpack("<I", struct.pack("<f", loss))[0]
+    return (step, wall, bits)
+
+
+def record_identity(record: Record) -> Identity:
+    return identity(record.step, record.wall_time, record.scalars.get(tags.LOSS))
+
+
+@dataclass
+class ChainCursor:
+    """Where one chain is for one rank: its previous training step in position order, and
+    whether its latest step record belongs to the run's current segment."""
+
+    prev_step: int | None = None
+    live: bool = True
 
 
 @dataclass
 class RankSequencer:
+    """Judges one rank's training-step records; ``holds`` asks the run's event files whether
+    they hold an identity (the slow path, once per chain)."""
+
     last_step: int = -1
-    last_wall: float = float("-inf")
-    segment_wall: float = float("-inf")  # when the current segment (the latest resume) began
+    holds: Callable[[Identity], bool] = lambda key: False
+    _seen: OrderedDict[Identity, bool] = field(default_factory=OrderedDict)  # identity -> still shown
 
-    def admits_attached(self, record: Record) -> bool:
-        """Eval/checkpoint/marker records from before the latest resume belong to a dead segment."""
-        return record.wall_time is None or record.wall_time >= self.segment_wall
+    def remember(self, key: Identity, shown: bool) -> None:
+        """Note an identity the run holds (``shown``) or held before a resume superseded it."""
+        self._seen[key] = shown
+        self._seen.move_to_end(key)
+        while len(self._seen) > WINDOW:
+            self._seen.popitem(last=False)
 
-    def catch_up(self, step: int, wall: float, segment_wall: float | None) -> None:
-        """The run already holds a point newer than this (checkpointed) state: it was written
-        after the checkpoint, before a crash. Judge the lines re-read from the checkpoint
-        against it, so they are duplicates (or stale), never new points or a second resume."""
-        if wall > self.last_wall:
-            self.last_step, self.last_wall = step, wall
-        if segment_wall is not None and segment_wall > self.segment_wall:
-            self.segment_wall = segment_wall
-
-    def judge(self, record: Record, stream_went_back: bool) -> Verdict:
-        """Classify a training-step record and advance the state when it is kept."""
-        step, wall = record.step, record.wall_time
-        if wall is None:
-            if step > self.last_step:
-                verdict = Verdict.NEW
-            else:
-                verdict = Verdict.RESUME if stream_went_back else Verdict.DUPLICATE
+    def judge(self, record: Record, cursor: ChainCursor) -> Verdict:
+        """Classify a training-step record of ``cursor``'s chain and advance the state."""
+        step = record.step
+        key = record_identity(record)
+        went_back = cursor.prev_step is not None and step <= cursor.prev_step  # a step again is a resume too
+        fresh = cursor.prev_step is None
+        cursor.prev_step = step
+        shown = self._seen.get(key)
+        if shown is not None:
+            verdict = Verdict.DUPLICATE if shown else Verdict.SUPERSEDED
         elif step > self.last_step:
-            verdict = Verdict.NEW if wall >= self.last_wall else Verdict.STALE
+            verdict = Verdict.NEW
+        elif went_back:
+            verdict = Verdict.RESUME
+        elif fresh and record.wall_time is not None and not self.holds(key):
+            verdict = Verdict.RESUME
         else:
-            verdict = Verdict.RESUME if wall > self.last_wall else Verdict.DUPLICATE
+            verdict = Verdict.DUPLICATE
+        cursor.live = verdict is not Verdict.SUPERSEDED
+        if verdict is Verdict.RESUME:
+            for old in self._seen:
+                if old[0] >= step:
+                    self._seen[old] = False
         if verdict in (Verdict.NEW, Verdict.RESUME):
             self.last_step = step
-            if wall is not None:
-                self.last_wall = wall
-                if verdict is Verdict.RESUME:
-                    self.segment_wall = wall
+            self.remember(key, True)
         return verdict

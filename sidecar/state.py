@@ -5,6 +5,9 @@ event files were synced, so it never claims more than is durably on disk. A stat
 is missing, torn or from another version is a warning and a fresh start: reading the logs again
 from the beginning is safe because the run writers drop every point a run already has.
 
+A state whose runs are no longer on disk (output deleted, :func:`runs_match`) claims points
+that are gone; it is dropped (:meth:`StateStore.forget`) so that the logs are read again.
+
 One file per sidecar instance (``state-<instance>.json``): several sidecars (one per node)
 can share one ``--out`` without touching each other's checkpoints.
 """
@@ -19,10 +22,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from sidecar.aggregate import AggregateState
+from sidecar.event_file import vanished
+
 log = logging.getLogger(__name__)
 
 STATE_DIR = ".mstb-sidecar"
-VERSION = 1
+VERSION = 2
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -34,14 +40,14 @@ class FileState(BaseModel):
     skipping: bool = False
     head: str
     marker: str
-    streams: dict[str, dict[str, int]] = {}  # rank -> assembler snapshot
-    prev_steps: dict[str, int] = {}
 
 
-class RankState(BaseModel):
-    last_step: int = -1
-    last_wall: float | None = None
-    segment_wall: float | None = None
+class StreamState(BaseModel):
+    """One rank's stream through one chain: line numbering and its place in position order."""
+
+    assembler: dict[str, int] = {}
+    prev_step: int | None = None
+    live: bool = True
 
 
 class RunState(BaseModel):
@@ -53,14 +59,22 @@ class RunState(BaseModel):
 class State(BaseModel):
     version: int = VERSION
     files: list[FileState] = []
-    ranks: dict[str, RankState] = {}
+    chains: dict[str, dict[str, StreamState]] = {}  # chain (live file path) -> rank -> stream
     runs: dict[str, RunState] = {}
     summaries: dict[str, int] = {}  # MindSpore summary file "dev:ino" -> offset
+    aggregate: AggregateState | None = None  # what the cross-rank aggregate still waits for
 
 
 def instance_name(raw: str) -> str:
     """A file-name-safe instance name (it may come from a hostname or the user)."""
     return _UNSAFE.sub("_", raw)[:64] or "default"
+
+
+def runs_match(out: Path, state: State) -> dict[str, str]:
+    """Rank key -> why its checkpointed run (``RunState.file``/``size``) is no longer on disk:
+    the file or ``rank_<key>`` is gone, or the file is shorter. Empty when every run is there."""
+    lost = {key: vanished(out / f"rank_{key}", run.file, run.size) for key, run in state.runs.items()}
+    return {key: why for key, why in lost.items() if why is not None}
 
 
 class StateStore:
@@ -90,10 +104,14 @@ class StateStore:
             return State()
         return state
 
+    def forget(self) -> None:
+        """Drop the checkpoint (it claims output that is gone): the next start reads every log again."""
+        self.path.unlink(missing_ok=True)
+
     def save(self, state: State) -> None:
         directory = self.path.parent
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{self.path.name}.tmp")
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # never shared between processes
         data = state.model_dump_json().encode()
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644), "wb") as fh:
             fh.write(data)

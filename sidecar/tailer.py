@@ -85,12 +85,17 @@ class FileTail:
 
     # -- identity checks -------------------------------------------------------------------
     def fingerprint(self) -> tuple[str, str]:
-        """(head digest, offset-marker digest) of the bytes as they are now."""
+        """(head digest, offset-marker digest) of the bytes before the offset, as they are now.
+
+        Both cover only bytes the file already had when the offset was reached (the head is
+        the first ``min(HEAD_BYTES, offset)`` bytes, empty at 0), so a file that was only
+        appended to after a checkpoint still verifies.
+        """
         fd = self._open()
-        head = os.pread(fd, HEAD_BYTES, 0)
+        head = os.pread(fd, min(HEAD_BYTES, self.offset), 0)
         start = max(0, self.offset - MARKER_BYTES)
         marker = os.pread(fd, self.offset - start, start)
-        return _digest(head[: min(HEAD_BYTES, self.offset) or HEAD_BYTES]), _digest(marker)
+        return _digest(head), _digest(marker)
 
     def verify(self, head: str, marker: str) -> bool:
         """Is a restored offset still valid for this file's content? If not, restart at 0."""

@@ -14,7 +14,10 @@ import time
 
 import pytest
 
-from live_helpers import LiveEnv, all_written, wait_until
+from pathlib import Path
+
+from live_helpers import LiveEnv, RankLog, all_written, tb_points, wait_until
+from sidecar.cli import main
 
 pytest_plugins = ["live_helpers"]
 
@@ -165,20 +168,45 @@ def test_late_rank_directories(live: LiveEnv) -> None:
     live.finish(sidecar, logs)
 
 
-def test_rotation_between_a_head_and_its_bar(live: LiveEnv) -> None:
-    """The head and the bar are two log records, so a rollover can fall between them; the
-    held head in the renamed file must not be judged after the new file's next steps."""
-    log = live.info_log(0)
-    log.step(10)
-    sidecar = live.sidecar().start()
-    for _ in range(3):
+def split_by_rotations(log: RankLog, times: int) -> list[int]:
+    """Write ``times`` records whose head and bar a rollover separates; returns their steps."""
+    split = []
+    for _ in range(times):
+        split.append(log.next_step)
         record = log.take()
         head_end = record.index(b"\n") + 1
         log.write(record[:head_end])
         log.rotate()
         log.write(record[head_end:])
         log.step(10)
+    return split
+
+
+def assert_whole_records(run_dir: Path, steps: list[int]) -> None:
+    """The records split by a rollover keep their bar's throughput (the chain is one stream)."""
+    throughput = dict(tb_points(run_dir, "throughput"))
+    assert all(abs(throughput.get(step, 0) - 0.86313) < 1e-6 for step in steps), throughput
+
+
+def test_rotation_between_a_head_and_its_bar(live: LiveEnv) -> None:
+    """The head and the bar are two log records, so a rollover can fall between them; the
+    held head in the renamed file must not be judged after the new file's next steps, and
+    the bar at the start of the new file completes it."""
+    log = live.info_log(0)
+    log.step(10)
+    sidecar = live.sidecar().start()
+    split = split_by_rotations(log, 3)
     live.finish(sidecar, [log])
+    assert_whole_records(live.out / "rank_0", split)
+
+
+def test_replay_of_a_rotation_between_a_head_and_its_bar(tmp_path: Path) -> None:
+    log = RankLog(tmp_path / "output/log/rank_0/info.log", 0)
+    log.step(10)
+    split = split_by_rotations(log, 3)
+    assert main(["replay", str(tmp_path / "output"), "--out", str(tmp_path / "tb"), "--quiet"]) == 0
+    assert dict(tb_points(tmp_path / "tb/rank_0")) == log.expected
+    assert_whole_records(tmp_path / "tb/rank_0", split)
 
 
 def test_a_deleted_file_ending_in_a_partial_line_does_not_block_the_new_one(live: LiveEnv) -> None:

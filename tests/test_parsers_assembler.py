@@ -120,3 +120,13 @@ def test_snapshot_restores_step_numbering() -> None:
     fresh = StreamAssembler()
     fresh.restore(asm.snapshot())
     assert [r.step for r in feed(fresh, [line % (1, 2)])] == [4]
+
+
+def test_an_experimental_count_running_past_int64_is_dropped_and_counted() -> None:
+    asm = StreamAssembler()
+    line = "Epoch: %d, Step: %d, Loss: 1.0, Finite_grads: True, Loss_scale: 1.0, Learning_rate: 1e-05, Time: 1.0 ms"
+    top = (1 << 63) - 1  # fits, but the next epoch's count would continue past it
+    records = feed(asm, [line % (0, top), line % (1, 1), line % (1, 2)])
+    assert [r.step for r in records] == [top]
+    assert asm.take_malformed() == 2 and asm.take_malformed() == 0
+

@@ -86,3 +86,13 @@ def test_error_lines(text: str) -> None:
 def test_foreign_errors_are_errors_but_foreign_warnings_are_not() -> None:
     assert isinstance(_parse("[ERROR] DEVICE(1,7f,python):x] boom", foreign=True, level="ERROR"), ErrorLine)
     assert _parse("[WARNING] ME(1:2,MainProcess):x] meh", foreign=True, level="WARNING") is None
+
+
+def test_eval_values_beyond_float_are_infinite() -> None:
+    big = "9" * 400  # a Python int literal that float() cannot convert
+    parsed = _parse(f"Eval result: {{'M': {{'a': {big}, 'b': -{big}, 'c': 1e400}}}}, eval time is 1e400 s.")
+    assert parsed == EvalLine({"eval/M/a": math.inf, "eval/M/b": -math.inf, "eval/M/c": math.inf}, math.inf)
+
+
+def test_a_pipeline_stage_count_beyond_int64_is_no_pipeline_information() -> None:
+    assert _parse(f"pipeline stages: {'9' * 5000} > 1, the loss on the last card is valid.") is None

@@ -60,3 +60,17 @@ def test_user_pattern_with_named_group() -> None:
 def test_user_pattern_needs_a_rank_group() -> None:
     with pytest.raises(ValueError):
         RankRouter(0, r"^\d+ ")
+
+
+@pytest.mark.parametrize(
+    "line", [f"{'9' * 5000}: {LINE}", f"[1,{'9' * 5000}]<stdout>:{LINE}", f"99999999999999999999999: {LINE}"],
+    ids=["srun-5000-digits", "mpi-5000-digits", "srun-beyond-int64"],
+)
+def test_labels_that_are_no_rank_are_content(line: str) -> None:
+    assert RankRouter(4).route(line) == (4, line)
+
+
+def test_a_user_pattern_matching_no_number_is_no_label() -> None:
+    router = RankRouter(0, r"^\[(?P<rank>\w+)\] ")
+    assert router.route(f"[r7] {LINE}") == (0, f"[r7] {LINE}")
+    assert router.route(f"[7] {LINE}") == (7, LINE)

@@ -316,3 +316,37 @@ def test_lines_that_open_like_records_but_do_not_parse_are_malformed(line: str) 
 )
 def test_other_lines_are_not_step_records(line: str) -> None:
     assert not isinstance(parse_message(Message(line)), (StepLine, BarLine, MalformedLine))
+
+
+INT64_MAX = (1 << 63) - 1
+BIG = "9" * 5000  # int() of this raises ValueError; float() of it is inf
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "{ Epoch:[  1/  1], step:[99999999999999999999999/100], loss: 1.0, per_step_time: 5ms",
+        "{ Epoch:[99999999999999999999999/  1], step:[    1/100], loss: 1.0, per_step_time: 5ms",
+        "{ Epoch:[  1/  1], step:[    1/99999999999999999999999], loss: 1.0, per_step_time: 5ms",
+        f"{{ Epoch:[  1/  1], step:[{BIG}/100], loss: 1.0, per_step_time: 5ms",
+        f"{{ Epoch:[{1 << 62}/  2], step:[  1/   4], loss: 1.0",  # each fits, the global step does not
+        f"Epoch:[  1/  3], step:[{BIG}/ 800], loss:[3.872/4.015], time:488.201 ms, lr:3.75e-05",
+        f"Epoch:[{1 << 62}/  3], step:[   15/ 4] local_lm_loss: 2.8",  # monitor line, global step too big
+        f"Epoch:[  1/  3], step:[{BIG}/ 1200] local_lm_loss: 2.8",
+        "{ step:[99999999999999999999999/  500], loss: 1.0, per_step_time: 1ms }",
+        f"{{ step:[{BIG}/  500], loss: 1.0, per_step_time: 1ms }}",
+        "Epoch: 1, Step: 99999999999999999999999, Loss: 9.9, Time: 1288.47 ms",
+        f"Epoch: {BIG}, Step: 1, Loss: 9.9, Time: 1288.47 ms",
+    ],
+    ids=["graph-step", "graph-epoch", "graph-steps", "graph-5000-digits", "graph-global", "r0x-5000-digits",
+         "monitor-global", "monitor-5000-digits", "pynative-step", "pynative-5000-digits", "experimental-step",
+         "experimental-epoch"],
+)
+def test_steps_and_epochs_beyond_int64_are_malformed(line: str) -> None:
+    assert isinstance(parse_message(Message(line)), MalformedLine)
+
+
+def test_the_largest_int64_step_still_parses() -> None:
+    parsed = parse_message(Message(f"{{ step:[{INT64_MAX}/  500], loss: 1.0, per_step_time: 1ms }}"))
+    assert isinstance(parsed, StepLine) and parsed.global_step() == INT64_MAX
+

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from parsers.tags import sanitize_tag, tag_for_key
-from parsers.values import parse_bool, parse_number, split_fields
+from parsers.values import parse_bool, parse_int64, parse_number, split_fields
 
 
 @pytest.mark.parametrize(
@@ -62,3 +62,14 @@ def test_tags_from_log_content_are_sanitised() -> None:
     assert sanitize_tag("/leading/and/trailing/") == "leading/and/trailing"
     assert len(sanitize_tag("x" * 1000)) == 200
     assert sanitize_tag("  ") == "_"
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [("0", 0), ("  42", 42), ("-7", -7), ("000123", 123), (str((1 << 63) - 1), (1 << 63) - 1), (str(-(1 << 63)), -(1 << 63)),
+     (str(1 << 63), None), (str(-(1 << 63) - 1), None), ("99999999999999999999999", None), ("9" * 5000, None),
+     ("0" * 5000 + "5", 5), ("1.5", None), ("", None), ("x", None)],
+)
+def test_int64_counts(text: str, value: int | None) -> None:
+    assert parse_int64(text) == value
+

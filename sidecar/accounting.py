@@ -1,0 +1,79 @@
+"""The accounting invariant: every record read is written, or counted under a named reason.
+
+This is the promise users make decisions on: a curve with a gap either has a counted reason
+for it or has no gap. The engine is the only caller; the replay summary, the live status line
+and the metrics endpoint all read these counters, so the three never disagree.
+
+Reasons (nothing is dropped for any reason not on this list):
+
+- ``duplicate``: a copy of a record the run already shows (``info.log`` and ``worker_N.log``
+  carry the same records; a restart re-reads the tail after its checkpoint);
+- ``superseded``: a record of a training segment that a resume replaced (a lagging copy);
+- ``malformed``: a line that starts like a step record but does not parse, or whose step does
+  not fit (beyond int64);
+- ``too-long``: a line over ``--max-line-bytes``;
+- ``unreadable``: a file that could not be opened or read (permissions, I/O error); counted once
+  per file and warned about, since every later record in it is lost until it becomes readable.
+
+Counters are per rank (the rank a line was routed to, or the path's rank for file-level reasons)
+and live for the whole process, so they never drop when a finished file is forgotten.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from enum import Enum
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class Reason(str, Enum):
+    DUPLICATE = "duplicate"
+    SUPERSEDED = "superseded"
+    MALFORMED = "malformed"
+    TOO_LONG = "too-long"
+    UNREADABLE = "unreadable"
+
+
+class Accounting:
+    def __init__(self) -> None:
+        self.written: Counter[int] = Counter()  # rank -> step records written
+        self.dropped: Counter[tuple[int, Reason]] = Counter()
+        self._unreadable: dict[Path, str] = {}  # path -> why, while it stays unreadable
+
+    def wrote(self, rank: int) -> None:
+        self.written[rank] += 1
+
+    def drop(self, rank: int, reason: Reason, count: int = 1) -> None:
+        if count:
+            self.dropped[(rank, reason)] += count
+
+    def unreadable(self, path: Path, rank: int, exc: OSError) -> None:
+        """A file cannot be read: warn and count once, until it is readable again."""
+        why = exc.strerror or str(exc)
+        if self._unreadable.get(path) == why:
+            return
+        self._unreadable[path] = why
+        self.drop(rank, Reason.UNREADABLE)
+        log.warning("cannot read %s: %s; its records are missing until it is readable "
+                    "(run the sidecar as a user that can read the training logs)", path, why)
+
+    def readable(self, path: Path) -> None:
+        if self._unreadable.pop(path, None) is not None:
+            log.info("%s is readable again", path)
+
+    def totals(self) -> Counter[Reason]:
+        out: Counter[Reason] = Counter()
+        for (_, reason), count in self.dropped.items():
+            out[reason] += count
+        return out
+
+    def of_rank(self, rank: int) -> dict[Reason, int]:
+        return {reason: self.dropped[(rank, reason)] for reason in Reason if self.dropped[(rank, reason)]}
+
+    def describe(self) -> str:
+        """``12 duplicate, 3 malformed`` (empty when nothing was dropped)."""
+        totals = self.totals()
+        return ", ".join(f"{totals[r]} {r.value}" for r in Reason if totals[r])

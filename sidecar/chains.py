@@ -1,0 +1,100 @@
+"""Chains: a log file with its rotated backups, one rank's stream through them, and their order.
+
+A *chain* is what one logger wrote: ``info.log.5`` ... ``info.log.1``, ``info.log`` (or a
+``worker_N.log``, or a file named on the command line). Within a chain the position is the
+order, so one rank's stream (line assembly, the previous step) runs through all of its files:
+a step head at the end of ``info.log.1`` is completed by the bar at the start of ``info.log``.
+
+Several chains can report one rank, and how their names sort says nothing about their order
+(``attempt_10`` sorts before ``attempt_9``). Chains found at start-up are therefore ordered by
+what their data says: the first training step each one holds, read ahead (:func:`first_record`),
+so an attempt that resumed at step 801 is read after the one that ran steps 1-1000, whatever
+the directory names. Only when two chains start at the same step does the first record's
+timestamp break the tie (two fresh starts: the later start continues), then discovery order.
+Copies of one attempt (``info.log`` and ``worker_N.log``) start with the same record; the
+sequencer recognises the second as a copy. A chain that appears while the sidecar runs is
+newer than everything before it and is ordered last.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from parsers.assembler import StreamAssembler
+from parsers.line import parse_message
+from parsers.prefix import PrefixSplitter
+from parsers.rank_labels import RankRouter
+from parsers.records import MalformedLine, ParsedLine, Record
+from sidecar.sequencer import ChainCursor
+
+PEEK_BYTES = 4 << 20  # how far ahead a chain's first training step is looked for
+LATE = (math.inf, math.inf)
+
+
+def text_of(raw: bytes) -> str:
+    """A log line as text: invalid UTF-8 is replaced, never fatal; ``\\r\\n`` endings are fine."""
+    text = raw.decode("utf-8", "replace")
+    return text[:-1] if text.endswith("\r") else text
+
+
+class Stream:
+    """One rank's lines within one chain: prefix split, parse, assemble, and its cursor."""
+
+    def __init__(self, companion_wait: float) -> None:
+        self.assembler = StreamAssembler(companion_wait)
+        self.prefix = PrefixSplitter()
+        self.cursor = ChainCursor()
+
+    def feed(self, body: str, start: int, now: float, origin: object) -> tuple[ParsedLine | None, list[Record]]:
+        message = self.prefix.split(body)
+        parsed = parse_message(message)
+        meaning = None if isinstance(parsed, MalformedLine) else parsed  # a bad line must not release a held head
+        return parsed, self.assembler.feed(meaning, message.timestamp, start, now, origin)
+
+
+@dataclass
+class Chain:
+    key: str
+    order: tuple[float, float, int] | None = None  # set by the engine once the chain is found
+    streams: dict[int, Stream] = field(default_factory=dict)
+
+    def stream(self, rank: int, companion_wait: float) -> Stream:
+        stream = self.streams.get(rank)
+        if stream is None:
+            stream = self.streams[rank] = Stream(companion_wait)
+        return stream
+
+
+def first_record(paths: list[Path], default_rank: int, rank_pattern: str | None) -> tuple[int, float] | None:
+    """(step, timestamp or +inf) of the first training-step record in ``paths`` (oldest file
+    first), within the first :data:`PEEK_BYTES`; ``None`` if there is none (yet)."""
+    router = RankRouter(default_rank, rank_pattern)
+    streams: dict[int, Stream] = {}
+    budget = PEEK_BYTES
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(budget)
+        except OSError:
+            continue  # the engine reports unreadable files when it opens them
+        budget -= len(data)
+        for raw in data.split(b"\n")[:-1]:  # complete lines only
+            rank, body = router.route(text_of(raw))
+            found = _training(streams.setdefault(rank, Stream(math.inf)).feed(body, 0, 0.0, None)[1])
+            if found is not None:
+                return found
+        found = _training([r for stream in streams.values() for r in stream.assembler.flush()])
+        if found is not None:
+            return found
+        if budget <= 0:
+            break
+    return None
+
+
+def _training(records: list[Record]) -> tuple[int, float] | None:
+    for record in records:
+        if record.training_step:
+            return record.step, record.wall_time if record.wall_time is not None else math.inf
+    return None

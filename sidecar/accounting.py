@@ -12,8 +12,9 @@ Reasons (nothing is dropped for any reason not on this list):
 - ``malformed``: a line that starts like a step record but does not parse, or whose step does
   not fit (beyond int64);
 - ``too-long``: a line over ``--max-line-bytes``;
-- ``unreadable``: a file that could not be opened or read (permissions, I/O error); counted once
-  per file and warned about, since every later record in it is lost until it becomes readable.
+- ``unreadable``: a file that could not be opened or read, or a directory that could not be
+  listed (permissions, I/O error); counted once per path and warned about (rate-limited), since
+  every later record in it is lost until it becomes readable.
 
 Counters are per rank (the rank a line was routed to, or the path's rank for file-level reasons)
 and live for the whole process, so they never drop when a finished file is forgotten.
@@ -25,6 +26,8 @@ import logging
 from collections import Counter
 from enum import Enum
 from pathlib import Path
+
+from sidecar.discovery import rank_of
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ class Accounting:
         self.written: Counter[int] = Counter()  # rank -> step records written
         self.dropped: Counter[tuple[int, Reason]] = Counter()
         self._unreadable: dict[Path, str] = {}  # path -> why, while it stays unreadable
+        self._unlisted: set[Path] = set()  # the directories among them
 
     def wrote(self, rank: int) -> None:
         self.written[rank] += 1
@@ -57,8 +61,23 @@ class Accounting:
             return
         self._unreadable[path] = why
         self.drop(rank, Reason.UNREADABLE)
-        log.warning("cannot read %s: %s; its records are missing until it is readable "
-                    "(run the sidecar as a user that can read the training logs)", path, why)
+        what = "the logs below it are" if path in self._unlisted else "its records are"
+        log.warning("cannot read %s: %s; %s missing until it is readable "
+                    "(run the sidecar as a user that can read the training logs)", path, why, what,
+                    extra={"rate_key": "unreadable"})
+
+    def directories(self, unlisted: dict[Path, OSError], default_rank: int) -> None:
+        """The directories one discovery pass could not list (see :mod:`sidecar.discovery`)."""
+        for path in self._unlisted - unlisted.keys():
+            self.readable(path)
+        self._unlisted = set(unlisted)
+        for path, exc in unlisted.items():
+            rank = rank_of(path)
+            self.unreadable(path, default_rank if rank is None else rank, exc)
+
+    def unreadable_paths(self) -> dict[Path, str]:
+        """What cannot be read right now, and why."""
+        return dict(self._unreadable)
 
     def readable(self, path: Path) -> None:
         if self._unreadable.pop(path, None) is not None:

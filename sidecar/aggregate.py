@@ -29,8 +29,9 @@ no ``loss/*`` aggregate and says so once. Zero-bubble-V: rank 0 only. ``loss_ran
 all of this. For ``iteration-time`` the slowest rank is recorded too.
 
 The run is ``aggregate/<instance>``: sidecars on several nodes sharing one ``--out`` each write
-their own, over the ranks they follow. A TensorBoard custom-scalars layout (one chart per metric
-with every rank overlaid, and a mean/min/max margin chart) is written once into this run.
+their own, over the ranks they follow. The custom-scalars layout that charts it is in a run of
+its own (:mod:`sidecar.layout`); an earlier version's layout in this run is replaced by an empty
+one, or TensorBoard would merge its charts (for every metric, present or not) into the new ones.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class CrossRankAggregator:
         self._pending: dict[int, _Step] = {}
         self._order: list[int] = []  # heap of the pending steps
         self._emitted = max((s for t, s in self.writer.view.watermarks.items() if t.endswith("/mean")), default=-1)
-        self._layout_written = self.writer.max_step >= 0
+        self._retire_old_layout()
         self._resumed_at: int | None = None
         self._emitted_since_resume = False
         self._behind: set[int] = set()  # ranks that have not gone back to ``_resumed_at`` yet
@@ -331,7 +332,6 @@ class CrossRankAggregator:
                 scalars[SLOWEST] = float(max(by_rank, key=lambda r: by_rank[r]))
         self._emitted = step
         if scalars:
-            self._write_layout(entry.wall)
             self.writer.write(Record(step, entry.wall or None, scalars))
             self._emitted_since_resume = True
 
@@ -340,16 +340,12 @@ class CrossRankAggregator:
             self._said.add(key)
             log.warning(message, *args)
 
-    def _write_layout(self, wall: float) -> None:
-        if self._layout_written:
-            return
-        self._layout_written = True
-        charts: dict[str, list] = {}
-        for tag in AGGREGATED:
-            charts[f"{tag} (all ranks)"] = ["Multiline", [f"^{tag}$"]]
-            charts[f"{tag} (mean, min-max band)"] = ["Margin", [f"{tag}/mean", f"{tag}/min", f"{tag}/max"]]
-        summary = custom_scalars({"mstb-sidecar: ranks": charts})
-        self.writer.write_values(0, wall, list(summary.value))
+    def _retire_old_layout(self) -> None:
+        """Earlier versions wrote their layout here at step 0; the plugin reads a run's newest
+        layout, so an empty one at step 1 takes its place (once: the watermark is then 1)."""
+        (value,) = custom_scalars({}).value
+        if self.writer.view.watermarks.get(value.tag) == 0:
+            self.writer.write_values(1, time.time(), [value])
 
 
 def _ranks_text(ranks: set[int] | list[int]) -> str:

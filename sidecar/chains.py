@@ -19,6 +19,7 @@ newer than everything before it and is ordered last.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from parsers.records import MalformedLine, ParsedLine, Record
 from sidecar.sequencer import ChainCursor
 
 PEEK_BYTES = 4 << 20  # how far ahead a chain's first training step is looked for
+PEEK_PIECE = 64 << 10
 LATE = (math.inf, math.inf)
 
 
@@ -74,23 +76,32 @@ def first_record(paths: list[Path], default_rank: int, rank_pattern: str | None)
     streams: dict[int, Stream] = {}
     budget = PEEK_BYTES
     for path in paths:
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(budget)
-        except OSError:
-            continue  # the engine reports unreadable files when it opens them
-        budget -= len(data)
-        for raw in data.split(b"\n")[:-1]:  # complete lines only
+        for raw in _lines(path, budget):
+            budget -= len(raw) + 1
             rank, body = router.route(text_of(raw))
             found = _training(streams.setdefault(rank, Stream(math.inf)).feed(body, 0, 0.0, None)[1])
             if found is not None:
                 return found
         found = _training([r for stream in streams.values() for r in stream.assembler.flush()])
-        if found is not None:
+        if found is not None or budget <= 0:
             return found
-        if budget <= 0:
-            break
     return None
+
+
+def _lines(path: Path, budget: int) -> Iterator[bytes]:
+    """Complete lines from the start of ``path``, read in small pieces, up to ``budget`` bytes."""
+    try:
+        with open(path, "rb") as fh:
+            rest = b""
+            while budget > 0:
+                piece = fh.read(min(PEEK_PIECE, budget))
+                if not piece:
+                    return
+                budget -= len(piece)
+                *lines, rest = (rest + piece).split(b"\n")
+                yield from lines
+    except OSError:
+        return  # the engine reports unreadable files when it opens them
 
 
 def _training(records: list[Record]) -> tuple[int, float] | None:

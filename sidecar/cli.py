@@ -1,9 +1,8 @@
-"""Command line: ``mstb-sidecar --watch PATH --out DIR`` (live) and ``mstb-sidecar replay PATH... --out DIR``.
+"""Command line: ``mstb-sidecar --watch PATH --out DIR`` (live), ``mstb-sidecar replay PATH... --out DIR``
+and ``mstb-sidecar check PATH...`` (a dry run that writes nothing).
 
-Exit codes: 0 done (also when nothing matched, with a warning), 1 the output could not be
-written (disk full, read-only), 2 a misuse (bad option, missing path, unwritable ``--out``,
-unreadable config, another sidecar already writing ``--out`` as this instance). Errors are one
-line on stderr, never a traceback.
+Exit codes (also in ``--help``, as an admin reads them from ``systemctl status``): see
+:data:`EXIT_CODES`. Errors are one line each on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -21,7 +20,18 @@ from sidecar.config import ConfigError, SidecarConfig, check_paths, load_config,
 from sidecar.lock import LockError, hold
 from sidecar.logsetup import setup_logging
 
-EXIT_OK, EXIT_WRITE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK = 0, 1, 2, 3, 4
+EXIT_CODES = f"""exit codes:
+  {EXIT_OK}  done (also when nothing matched, with a warning)
+  {EXIT_WRITE}  the output could not be written (disk full, read-only, deleted); run again after the fix
+  {EXIT_USAGE}  misuse: bad option or config, missing path (replay), unwritable --out,
+     another sidecar already writing --out as this instance
+  {EXIT_METRICS}  the --metrics-port endpoint could not be served (port in use, bad --metrics-host)
+  {EXIT_CHECK}  check: a file found cannot be followed (unreadable, not recognised) or none was found"""
+COMMANDS = """commands:
+  mstb-sidecar --watch PATH... --out DIR     follow live until SIGTERM/SIGINT (this page)
+  mstb-sidecar replay PATH... --out DIR      read finished logs once, print a summary, exit
+  mstb-sidecar check PATH...                 dry run: what would be followed, writes nothing"""
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -38,16 +48,26 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="no cross-rank aggregate run (aggregate/<instance>)")
     parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
                         "(default: all, or the last pipeline stage when mindformers reports pipeline stages)")
+    _logging(parser)
+
+
+def _logging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", default=None, help="only warnings and errors")
-    parser.add_argument("-v", "--verbose", action="store_true", default=None, help="debug logging")
-    parser.add_argument("--version", action="version", version=f"mstb-sidecar {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", default=None,
+                        help="also the sidecar's decisions: files opened, rotated, resumed, ranks found")
+    parser.add_argument("--log-format", choices=["text", "json"],
+                        help="text (timestamped, none under journald) or one JSON object per line (default text)")
+    parser.add_argument("-V", "--version", action="version", version=f"mstb-sidecar {__version__}")
 
 
 def _watch_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mstb-sidecar",
         description="Follow mindformers logs and write per-rank TensorBoard runs until SIGTERM/SIGINT. "
+        "A --watch path that does not exist yet is waited for. "
         "Use 'mstb-sidecar replay PATH... --out DIR' to convert finished logs once.",
+        epilog=f"{COMMANDS}\n\n{EXIT_CODES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--watch", dest="paths", type=Path, nargs="+", metavar="PATH",
                         help="directories (e.g. output/log, output/) or log files to follow")
@@ -63,6 +83,10 @@ def _watch_parser() -> argparse.ArgumentParser:
                         help="seconds the aggregate waits for a slow rank before writing a step (default 30)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (127.0.0.1)")
     parser.add_argument("--metrics-host", help="address for --metrics-port (default 127.0.0.1)")
+    parser.add_argument("--wait-grace", type=float, metavar="SECONDS",
+                        help="warn when a --watch path still does not exist after this long (default 300; it keeps waiting)")
+    parser.add_argument("--status-interval", type=float, metavar="SECONDS",
+                        help="log a status line this often, and on SIGUSR1 (default 60; 0: only on SIGUSR1)")
     return parser
 
 
@@ -71,6 +95,8 @@ def _replay_parser() -> argparse.ArgumentParser:
         prog="mstb-sidecar replay",
         description="Read mindformers logs once into per-rank TensorBoard runs, print a summary, exit. "
         "Running it again adds only what is new.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="training output directories or log files")
     _common(parser)
@@ -79,33 +105,63 @@ def _replay_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mstb-sidecar check",
+        description="Dry run: list the files the sidecar would follow under PATH..., each with its rank and "
+        "detected mindformers format, and what is unreadable or not recognised. Writes nothing.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="training output directories or log files")
+    parser.add_argument("--config", type=Path, help="YAML file with --rank / --rank-pattern (command line wins)")
+    parser.add_argument("--rank", type=int, help="rank of files whose path names none (default 0)")
+    parser.add_argument("--rank-pattern", help="regex with a named group 'rank' for combined streams")
+    _logging(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    replay = bool(args) and args[0] == "replay"
-    if not replay:
+    command = args[0] if args and args[0] in ("replay", "check") else "watch"
+    parser = {"replay": _replay_parser, "check": _check_parser, "watch": _watch_parser}[command]()
+    if not args:
+        parser.print_usage(sys.stderr)
+        parser.exit(EXIT_USAGE, f"{COMMANDS}\n\nmore: mstb-sidecar --help\n")
+    if command == "watch":
         # Until the daemon installs its own handlers, SIGTERM means "stop now": nothing is
         # written or checkpointed yet, so a plain exit 0 loses nothing.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    parser = _replay_parser() if replay else _watch_parser()
-    ns = vars(parser.parse_args(args[1:] if replay else args))
+    ns = vars(parser.parse_args(args if command == "watch" else args[1:]))
     config_file = ns.pop("config")
     try:
+        if command == "check":
+            ns["out"] = Path(".")  # required by the settings; check never writes
         config = load_config(ns, config_file)
-        setup_logging(config.quiet, config.verbose)
-        check_paths(config)
+        setup_logging(config.quiet, config.verbose, config.log_format)
+        if command != "watch":  # live mode waits for paths that do not exist yet
+            check_paths(config)
+        if command == "check":
+            from sidecar.check import run_check
+
+            return EXIT_OK if run_check(config, sys.stdout) else EXIT_CHECK
         prepare_out(config.out)
         hold(config.out, config.instance)  # for the life of the process: one writer per --out and instance
     except (ConfigError, LockError) as exc:
-        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {exc}\n")
+        parser.exit(EXIT_USAGE, "".join(f"{parser.prog}: error: {line}\n" for line in str(exc).splitlines()))
     _raise_fd_limit()
+    from sidecar.daemon import MetricsUnavailable
+
     try:
-        if replay:
+        if command == "replay":
             from sidecar.replay import run_replay
 
             return run_replay(config)
         from sidecar.daemon import run_daemon
 
         return run_daemon(config)
+    except MetricsUnavailable as exc:
+        parser.exit(EXIT_METRICS, f"{parser.prog}: error: {exc}\n")
     except OSError as exc:
         return _write_failure(config, exc)
     except LockError as exc:  # --out was deleted and another sidecar took it meanwhile

@@ -1,17 +1,20 @@
 """Settings from the command line and an optional YAML file, validated in one place.
 
-The YAML file uses the long option names with ``_`` for ``-`` (``out``, ``watch``, ``rank_pattern``,
-``poll_interval`` ...). Command-line values win over the file. Every misuse ends in
-:class:`ConfigError` with one line that says what to change.
+The YAML file uses the command line's long option names, written with ``-`` or ``_`` alike
+(``poll-interval`` or ``poll_interval``; ``watch`` for the paths, ``no-aggregate: true``). Command-line
+values win over the file. Every misuse ends in :class:`ConfigError`, which lists every problem
+found (not just the first), each under the name the user wrote, with a did-you-mean for typos.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import socket
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -36,6 +39,7 @@ class SidecarConfig(BaseModel):
     loss_ranks: list[int] | None = None
     quiet: bool = False
     verbose: bool = False
+    log_format: Literal["text", "json"] = "text"
     # live mode
     poll: bool = False
     poll_interval: float = Field(0.25, gt=0, le=60)
@@ -46,6 +50,8 @@ class SidecarConfig(BaseModel):
     drain_timeout: float = Field(5.0, gt=0)
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    wait_grace: float = Field(300.0, ge=0)
+    status_interval: float = Field(60.0, ge=0)
     # replay
     progress: bool = True
 
@@ -73,42 +79,91 @@ class SidecarConfig(BaseModel):
         return value
 
 
+# YAML keys (with "_") that are spelled differently from the field they set; True: the value is negated.
+_ALIASES = {"watch": ("paths", False), "no_aggregate": ("aggregate", True), "no_progress": ("progress", True)}
+_HIDDEN = {"paths", "aggregate", "progress"}  # set through an alias, not under this name
+
+
 def load_config(cli: dict[str, object], config_file: Path | None) -> SidecarConfig:
     """Merge the YAML file (if any) under the command-line values and validate."""
     merged: dict[str, object] = {}
+    written: dict[str, str] = {}  # field -> the YAML key as the user wrote it
+    problems: list[str] = []
     if config_file is not None:
-        try:
-            loaded = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}; check the path") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"config file {config_file} is not valid YAML{where}; fix it or drop --config") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {config_file} must be a mapping of option: value")
-        if "watch" in loaded:
-            loaded["paths"] = loaded.pop("watch")
-        if isinstance(loaded.get("paths"), str):
-            loaded["paths"] = [loaded["paths"]]
-        merged.update(loaded)
+        merged, written, problems = _read_yaml(config_file)
     merged.update({k: v for k, v in cli.items() if v is not None})
+    for key in cli:
+        if cli[key] is not None:
+            written.pop(key, None)
     try:
-        return SidecarConfig.model_validate(merged)
+        config = SidecarConfig.model_validate(merged)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        option = "--" + where.replace("_", "-") if where != "paths" else "the paths to read"
-        source = f" (in {config_file})" if config_file is not None else ""
-        raise ConfigError(f"{option}: {err['msg']}{source}") from None
+        problems += [_describe(err, written, config_file) for err in exc.errors()]
+        config = None
+    if problems or config is None:
+        raise ConfigError("\n".join(dict.fromkeys(problems)))
+    return config
+
+
+def _read_yaml(config_file: Path) -> tuple[dict[str, object], dict[str, str], list[str]]:
+    try:
+        loaded = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}; check the path") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {config_file} is not valid YAML{where}; fix it or drop --config") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {config_file} must be a mapping of option: value")
+    known = sorted({*SidecarConfig.model_fields, *_ALIASES} - _HIDDEN)
+    values: dict[str, object] = {}
+    written: dict[str, str] = {}
+    problems = []
+    for key, value in loaded.items():
+        name = str(key).replace("-", "_")
+        field, negate = _ALIASES.get(name, (name, False))
+        if name in _HIDDEN or field not in SidecarConfig.model_fields:
+            style = "-" if "-" in str(key) else "_"
+            alias = next((a for a, (f, _) in _ALIASES.items() if f == name), None)  # aggregate -> no_aggregate
+            close = [alias] if alias else difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean '{close[0].replace('_', style)}'?" if close else ""
+            problems.append(f"{config_file}: unknown option '{key}'{hint}")
+            continue
+        if field == "paths" and isinstance(value, str):
+            value = [value]
+        if negate and isinstance(value, bool):
+            value = not value
+        values[field] = value
+        written[field] = str(key)
+    return values, written, problems
+
+
+def _describe(err: dict, written: dict[str, str], config_file: Path | None) -> str:
+    """One problem, named as the user wrote it: the YAML key (with the file), else the option."""
+    field = str(err["loc"][0]) if err["loc"] else ""
+    detail = ".".join(str(p) for p in err["loc"][1:])
+    msg = "required" if err["type"] == "missing" else err["msg"]
+    if field in written:
+        return f"{config_file}: '{written[field]}{'.' + detail if detail else ''}': {msg}"
+    option = {"paths": "--watch PATH", "out": "--out DIR"}.get(field, "--" + field.replace("_", "-"))
+    return f"{option}: {msg}"
 
 
 def check_paths(config: SidecarConfig) -> None:
+    """Replay and check read what is there now: a path that does not exist (or cannot be read)
+    is a mistake to report at once. The live daemon waits for missing paths instead."""
     for path in config.paths:
-        if not path.exists():
-            raise ConfigError(
-                f"{path} does not exist; pass the training output directory (e.g. output/ or output/log) or a log file"
-            )
+        try:
+            is_dir = path.is_dir()
+            if not is_dir and not path.exists():
+                raise ConfigError(f"{path} does not exist; pass the training output directory "
+                                  "(e.g. output/ or output/log) or a log file")
+        except OSError as exc:  # a directory on the way that we may not search
+            raise ConfigError(f"cannot read {path}: {(exc.strerror or str(exc)).lower()}; "
+                              "run as a user that can read the training logs") from None
+        if not os.access(path, os.R_OK | (os.X_OK if is_dir else 0)):
+            raise ConfigError(f"cannot read {path}: permission denied; run as a user that can read the training logs")
 
 
 def prepare_out(out: Path) -> None:

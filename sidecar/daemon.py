@@ -10,9 +10,16 @@ reading, and offsets only advance past what was written. Each iteration:
     -> wait for a file event (10 s reconcile) or, polling, --poll-interval; never longer than
     the companion wait while a record is held (a head whose bar never comes is still due)
 
+The wait is also never longer than half of systemd's ``WatchdogSec`` (``$WATCHDOG_USEC``), so
+an idle sidecar pings in time however low an admin sets it, nor than the next status line.
+
+A ``--watch`` path that does not exist yet is waited for (:class:`sidecar.status.Waiting`): the
+sidecar is READY at once, so a training unit ordered after it can start and create it.
+
 SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, exit 0.
-SIGHUP: rescan now. Open files are kept: they are followed by identity, and a renamed-away or
-deleted file that still has unread bytes can only be read through its open descriptor.
+SIGUSR1: log the status line now. SIGHUP: rescan now. Open files are kept: they are followed by
+identity, and a renamed-away or deleted file that still has unread bytes can only be read
+through its open descriptor.
 A write error (disk full, read-only) ends the process with status 1 before any checkpoint could
 claim the failed events, so a restart after the fix loses nothing.
 
@@ -40,6 +47,7 @@ from sidecar.lock import hold
 from sidecar.notify import Notifier
 from sidecar.replay import settings_from
 from sidecar.state import StateStore
+from sidecar.status import Decisions, Waiting, status_line
 from sidecar.wakeup import WakeUp
 
 log = logging.getLogger(__name__)
@@ -49,8 +57,12 @@ RECONCILE_INTERVAL = 10.0  # with file events: the longest a missed event can de
 RESCAN_RECONCILE = 60.0  # with file events: full rescans between tree-change events
 
 
+class MetricsUnavailable(Exception):
+    """``--metrics-port`` cannot be served (in use, bad host): a misuse, not an output failure."""
+
+
 class _Signals:
-    """SIGTERM/SIGINT/SIGHUP set flags and cut the loop's wait short.
+    """SIGTERM/SIGINT/SIGHUP/SIGUSR1 set flags and cut the loop's wait short.
 
     The handlers only set flags. Waking the loop with ``Event.set()`` inside a handler
     deadlocks: the handler runs in the main thread, which may hold the event's lock (inside
@@ -62,6 +74,7 @@ class _Signals:
     def __init__(self, wake: threading.Event) -> None:
         self.stop = False
         self.reload = False
+        self.report = False
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -69,6 +82,7 @@ class _Signals:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_reload)
+        signal.signal(signal.SIGUSR1, self._on_report)
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop = True
@@ -76,20 +90,13 @@ class _Signals:
     def _on_reload(self, signum: int, frame: FrameType | None) -> None:
         self.reload = True
 
+    def _on_report(self, signum: int, frame: FrameType | None) -> None:
+        self.report = True
+
 
 def _relay(read_fd: int, wake: threading.Event) -> None:
     while os.read(read_fd, 64):
         wake.set()
-
-
-def _status(engine: Engine) -> str:
-    sources = list(engine.sources.values())
-    lag = sum(max(s.tail.size - s.tail.offset, 0) for s in sources)
-    steps = [r.stats.last_step for r in engine.ranks.values() if r.stats.last_step is not None]
-    last = f", last step {max(steps)}" if steps else ""
-    dropped = engine.accounting.describe()
-    skipped = f", not written: {dropped}" if dropped else ""
-    return f"following {len(sources)} file(s), {len(engine.ranks)} rank(s){last}, lag {lag} bytes{skipped}"
 
 
 def run_daemon(config: SidecarConfig) -> int:
@@ -102,15 +109,22 @@ def run_daemon(config: SidecarConfig) -> int:
     if config.metrics_port is not None:
         from sidecar.metrics import serve
 
-        collector = serve(engine, config.metrics_host, config.metrics_port)
+        try:
+            collector = serve(engine, config.metrics_host, config.metrics_port, notifier)
+        except OSError as exc:
+            wake.stop()
+            raise MetricsUnavailable(
+                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
+                "choose another --metrics-port (or --metrics-host), or stop what uses it") from None
+    waiting = Waiting(config.paths, config.wait_grace)
     try:
         engine.scan()
         log.info("watching %s (%s) -> %s; %d file(s) so far",
                  ", ".join(map(str, config.paths)), wake.mode, config.out, len(engine.sources))
-        notifier.ready(_status(engine))
+        notifier.ready(status_line(engine, waiting.missing))
         while True:
             try:
-                _loop(engine, config, notifier, wake, signals)
+                _loop(engine, config, notifier, wake, signals, waiting)
                 notifier.stopping()
                 _drain(engine, config.drain_timeout)
                 engine.checkpoint()
@@ -125,7 +139,7 @@ def run_daemon(config: SidecarConfig) -> int:
     finally:
         wake.stop()
     engine.close()
-    log.info("stopped: %s", _status(engine))
+    log.info("stopped: %s", status_line(engine, waiting.missing))
     return 0
 
 
@@ -144,13 +158,17 @@ def _start_over(engine: Engine, settings: Settings, lost: OutputLost) -> Engine:
     return fresh
 
 
-def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeUp, signals: _Signals) -> None:
+def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeUp, signals: _Signals,
+          waiting: Waiting) -> None:
     # With file events, polling is only the safety net (a missed or overflowed event): the loop
     # sleeps until an event or the reconcile interval, and rescans on tree changes, so an idle
     # sidecar following a thousand files costs almost nothing. Without them, it polls.
-    idle_wait = RECONCILE_INTERVAL if wake.events else config.poll_interval
+    idle_wait = min(RECONCILE_INTERVAL if wake.events else config.poll_interval,
+                    notifier.watchdog_interval or RECONCILE_INTERVAL)
     rescan_every = max(RESCAN_RECONCILE, config.rescan_interval) if wake.events else config.rescan_interval
     next_scan = next_checkpoint = time.monotonic()
+    next_status = next_scan + config.status_interval if config.status_interval else float("inf")
+    decisions = Decisions(config.from_end)
     dirty = False
     while not signals.stop:
         now = time.monotonic()
@@ -158,11 +176,13 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
             signals.reload = False
             log.info("SIGHUP: rescanning")
             next_scan = now
+        appeared = waiting.check(now)
         moved = wake.take_structure_change() if wake.events else engine.moved()
-        if now >= next_scan or moved:
+        if now >= next_scan or moved or appeared:
             engine.scan()
             engine.forget_gone(config.rotate_quiet)
             next_scan = now + rescan_every
+        decisions.observe(engine)
         read = engine.pump(READ_BUDGET, now)
         holding = engine.tick(now)
         engine.flush()
@@ -171,10 +191,16 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
             engine.checkpoint()
             dirty = False
             next_checkpoint = now + config.checkpoint_interval
-        notifier.status(_status(engine))
+        status = status_line(engine, waiting.missing)
+        notifier.status(status)
+        if signals.report or now >= next_status:
+            signals.report = False
+            log.info("status: %s", status)
+            next_status = now + config.status_interval if config.status_interval else float("inf")
         notifier.healthy()
         if read == 0:
-            wake.wait(min(idle_wait, config.companion_wait) if holding else idle_wait)
+            wait = min(idle_wait, config.companion_wait) if holding else idle_wait
+            wake.wait(max(0.0, min(wait, next_status - now)))
 
 
 def _drain(engine: Engine, timeout: float) -> None:

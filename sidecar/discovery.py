@@ -19,6 +19,10 @@ Symbolic links (a linked ``output/log``, rank directory or log file) are followe
 are kept as reached, so a link's own name gives the rank. Each real directory is entered once
 and each real file is reported once (see :class:`_Walk`), so link loops end and ``--out`` stays
 excluded however it is reached. The walk stops ``MAX_DEPTH`` directories below a root.
+
+A directory that cannot be listed (permissions, I/O error) is reported to the caller with its
+error, never skipped in silence: the rank directories below it are invisible until it is
+readable, and the user must be told why curves are missing.
 """
 
 from __future__ import annotations
@@ -65,13 +69,15 @@ def rank_of(path: Path) -> int | None:
     return None
 
 
-def discover(roots: list[Path], default_rank: int = 0, exclude: Path | None = None) -> list[Candidate]:
-    """Every metric-bearing log under ``roots``, in reading order.
+def discover(roots: list[Path], default_rank: int = 0, exclude: Path | None = None,
+             unreadable: dict[Path, OSError] | None = None) -> list[Candidate]:
+    """Every metric-bearing log under ``roots``, in reading order; directories that could not
+    be listed go to ``unreadable``.
 
     A root that does not exist (now) yields nothing: the command line checks the paths once at
     start, and a live sidecar must outlive a job directory that is removed and made again.
     """
-    walk = _Walk(exclude)
+    walk = _Walk(exclude, unreadable)
     paths = [path for root in roots for path in walk.files(root)]
     if walk.linked:  # a file may have been reached under two paths: keep the first
         paths = _unique(paths)
@@ -126,8 +132,9 @@ class _Walk:
     that happened, and ``targets`` lists the real directories links led to.
     """
 
-    def __init__(self, exclude: Path | None) -> None:
+    def __init__(self, exclude: Path | None, unreadable: dict[Path, OSError] | None = None) -> None:
         self._dirs: set[tuple[int, int]] = set()
+        self._unreadable = {} if unreadable is None else unreadable
         self.linked = False
         self.targets: list[Path] = []
         if exclude is not None:
@@ -145,15 +152,19 @@ class _Walk:
                 yield root
                 yield from _backups(root)
                 return
-        except OSError:
+        except OSError as exc:  # a path component we may not search
+            self._unreadable[root] = exc
             return
         queue = deque([(root, 0)]) if self._enter(root) else deque()
         while queue:
             directory, depth = queue.popleft()
             try:
                 entries = sorted(os.scandir(directory), key=lambda e: (e.is_symlink(), e.name))
-            except OSError:
-                continue  # unreadable or vanished mid-walk: the next rescan tries again
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # vanished mid-walk: the next rescan looks again
+            except OSError as exc:
+                self._unreadable[directory] = exc  # the next rescan tries again
+                continue
             for entry in entries:
                 path = Path(entry.path)
                 try:
@@ -174,7 +185,10 @@ class _Walk:
         """First time this real directory is reached (and it is not ``--out``)?"""
         try:
             key = _identity(os.stat(directory))
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
+            return False  # not there (yet)
+        except OSError as exc:  # a path component we may not search
+            self._unreadable[directory] = exc
             return False
         if key in self._dirs:
             return False

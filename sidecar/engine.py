@@ -45,6 +45,7 @@ from sidecar.alerts import Alerts
 from sidecar.chains import LATE, Chain, Stream, first_record, text_of
 from sidecar.discovery import Candidate, discover
 from sidecar.event_scan import RunView
+from sidecar.layout import LayoutRun
 from sidecar.ms_follow import SummaryFollower
 from sidecar.run_writer import RunWriter
 from sidecar.sequencer import RankSequencer, Verdict
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 SCAN_PASSES = 4
 LEAD = 256  # steps the aggregate may hold before only the ranks it waits for are read
-TOTAL_READ = 64 << 20  # bytes read ahead over all files at once (split between them)
+TOTAL_READ = 8 << 20  # bytes read ahead over all files at once (split between them)
 MIN_READ = 64 << 10
 _RANK_RUN = re.compile(r"rank_(\d+)")
 
@@ -145,6 +146,7 @@ class Engine:
         )
         if self.aggregator is not None and self._restored.aggregate is not None:
             self.aggregator.restore(self._restored.aggregate)  # what it waited for before the restart
+        self.layout = LayoutRun(self.run_writer(f"layout/{instance_name(settings.instance)}"))
         self.bytes_read = 0
         self.lines_read = 0
 
@@ -172,7 +174,8 @@ class Engine:
         for source in self.sources.values():
             if source.unseen_since is None:
                 source.unseen_since = now
-        for candidate in discover(self.settings.roots, self.settings.default_rank, self.settings.out):
+        unlisted: dict[Path, OSError] = {}  # directories that could not be listed
+        for candidate in discover(self.settings.roots, self.settings.default_rank, self.settings.out, unlisted):
             if candidate.summary:
                 self.summaries.add(candidate.path)
                 continue
@@ -199,6 +202,7 @@ class Engine:
             source.tail.path = candidate.path  # renamed (rotated) files are found under the new name
             source.candidate = candidate
             source.unseen_since = None
+        self.accounting.directories(unlisted, self.settings.default_rank)
         return changed or any(s.unseen_since == now for s in self.sources.values())
 
     def _order_chains(self) -> None:
@@ -332,13 +336,25 @@ class Engine:
         return not self._holding_back() or self._waited(source)
 
     def _process(self, source: Source, now: float, unheld: bool) -> int:
-        """Lines of the backlog, while the file may be read (see :meth:`_may_read`)."""
+        """Lines of the backlog, while the file may be read (see :meth:`_may_read`). Below LEAD
+        the check is made once per batch: a line adds at most one waiting step."""
         done = 0
         backlog = source.backlog
-        while backlog and (unheld or self._may_read(source)):
-            start, raw = backlog.popleft()
-            self._line(source, start, raw, now)
-            done += 1
+        aggregator = self.aggregator
+        while backlog:
+            if unheld or aggregator is None:
+                batch = len(backlog)
+            elif aggregator.pending_steps() <= LEAD:
+                batch = LEAD + 1 - aggregator.pending_steps()
+            elif self._waited(source):
+                batch = 1
+            else:
+                break
+            batch = min(batch, len(backlog))
+            for _ in range(batch):
+                start, raw = backlog.popleft()
+                self._line(source, start, raw, now)
+            done += batch
         self.lines_read += done
         return done
 
@@ -375,7 +391,13 @@ class Engine:
         return holding
 
     def end_of_input(self) -> None:
-        """Release every held record (replay: nothing more will come)."""
+        """Release every held record (replay: nothing more will come). A file that ends in an
+        unfinished line (a writer killed mid-line) is not parsed there, since a cut number would
+        be a wrong value: that line is counted as malformed."""
+        for source in self.sources.values():
+            if not source.tail.skipping and not source.tail.drained():
+                self.accounting.drop(source.candidate.rank, Reason.MALFORMED)
+                log.warning("%s ends in an unfinished line; it is not read", source.tail.path)
         for chain in self.chains.values():
             for rank, stream in chain.streams.items():
                 for record in stream.assembler.flush():
@@ -458,6 +480,8 @@ class Engine:
 
     def checkpoint(self) -> None:
         """Durability barrier for events, then the offsets that depend on them."""
+        self.layout.update((t for rank in self.ranks.values() for t in rank.writer.view.watermarks),
+                           self.aggregator.writer.view.watermarks if self.aggregator is not None else ())
         state = State(summaries=self.summaries.offsets())
         for writer in self._extra_writers():
             writer.sync()

@@ -10,6 +10,10 @@ summarised by the remembered watermarks, so a restart reads only the last checkp
 The records identities it reads there (:func:`sidecar.sequencer.identity`) let the sequencer
 recognise the lines it re-reads from the checkpoint as copies; :func:`run_holds` answers the
 same question for any older record, by reading the whole run (rarely: once per new chain).
+
+Text tags are read back under today's names: earlier versions wrote ``events/compile`` as
+``events/compile/text_summary`` (tensorboardX's ``text()``), and a restart on such a run must
+not write the same text again under the plain name.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tensorboardX.proto import event_pb2
+from tensorboardX.proto import event_pb2, summary_pb2
 
 from parsers import tags
 from sidecar.event_file import event_files
 from sidecar.sequencer import WINDOW, Identity, identity
 from sidecar.tfrecord import CorruptRecord, iter_records
+
+TEXT_PLUGIN = "text"
+LEGACY_TEXT_SUFFIX = "/text_summary"  # earlier versions wrote text tags through tensorboardX's text()
 
 
 @dataclass
@@ -54,8 +61,18 @@ class RunView:
             if len(self.recent) > WINDOW:
                 self.recent.popitem(last=False)
             for value in event.summary.value:
-                if self.watermarks.get(value.tag, -1) < event.step:
-                    self.watermarks[value.tag] = event.step
+                tag = _written_tag(value)
+                if self.watermarks.get(tag, -1) < event.step:
+                    self.watermarks[tag] = event.step
+
+
+def _written_tag(value: summary_pb2.Summary.Value) -> str:
+    """The tag the sidecar writes for ``value`` today: a text written by an earlier version as
+    ``events/compile/text_summary`` counts as ``events/compile``, so a restart on an old run
+    does not write that text again under the new name."""
+    if value.metadata.plugin_data.plugin_name == TEXT_PLUGIN:
+        return value.tag.removesuffix(LEGACY_TEXT_SUFFIX)
+    return value.tag
 
 
 def _identity(event: event_pb2.Event) -> Identity:
@@ -83,7 +100,7 @@ def _events(run_dir: Path, start_name: str = "", start_offset: int = 0) -> Itera
 def scan_run(run_dir: Path, since: RunView | None = None) -> RunView:
     """Fold every event after ``since`` (or all of them) into a :class:`RunView`."""
     files = event_files(run_dir)
-    view = RunView(dict(since.watermarks), since.file, since.size) if since else RunView()
+    view = RunView(_current_names(since.watermarks), since.file, since.size) if since else RunView()
     names = [f.name for f in files]
     if since is not None and (since.file not in names or files[names.index(since.file)].stat().st_size < since.size):
         view = RunView()  # the remembered file shrank or vanished: trust only a full scan
@@ -93,6 +110,16 @@ def scan_run(run_dir: Path, since: RunView | None = None) -> RunView:
         else:
             view.apply(event)
     return view
+
+
+def _current_names(watermarks: dict[str, int]) -> dict[str, int]:
+    """Checkpointed watermarks under today's tag names (a checkpoint of an earlier version
+    names texts with :data:`LEGACY_TEXT_SUFFIX`)."""
+    out: dict[str, int] = {}
+    for tag, step in watermarks.items():
+        name = tag.removesuffix(LEGACY_TEXT_SUFFIX)
+        out[name] = max(step, out.get(name, -1))
+    return out
 
 
 def run_holds(run_dir: Path, key: Identity) -> bool:

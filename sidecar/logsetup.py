@@ -1,4 +1,9 @@
-"""The sidecar's own log: stderr (journald-friendly), with repeated warnings rate-limited.
+"""The sidecar's own log: stderr, with repeated warnings rate-limited.
+
+Text lines carry a timestamp, except under journald (``$JOURNAL_STREAM`` names our stderr),
+which stamps every line itself; ``--log-format json`` writes one object per line for log
+shippers. ``-v`` shows the sidecar's own decisions; the file-event library's debug chatter
+(every inotify event) stays hidden, as it says nothing about what the sidecar did.
 
 A diverging run can produce a NaN warning every step on every rank; journald drops a service's
 messages past its burst limit, which would hide the first, useful ones. Records that carry a
@@ -8,7 +13,9 @@ number suppressed is reported when the key speaks again.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import time
 
@@ -36,10 +43,40 @@ class RateLimit(logging.Filter):
         return True
 
 
-def setup_logging(quiet: bool, verbose: bool) -> None:
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def under_journald() -> bool:
+    """``$JOURNAL_STREAM`` is ``dev:ino`` of the stream systemd connected; it counts only if
+    stderr is still that stream (not redirected by a wrapper script)."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return stream == f"{st.st_dev}:{st.st_ino}"
+
+
+def setup_logging(quiet: bool, verbose: bool, log_format: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("mstb-sidecar: %(levelname)s: %(message)s"))
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    elif under_journald():
+        handler.setFormatter(logging.Formatter("mstb-sidecar: %(levelname)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s mstb-sidecar: %(levelname)s: %(message)s"))
     handler.addFilter(RateLimit())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+    logging.getLogger("watchdog").setLevel(logging.INFO)

@@ -1,18 +1,37 @@
-"""Optional Prometheus endpoint (``--metrics-port``): the sidecar's own health, read on scrape.
+"""Optional HTTP endpoint (``--metrics-port``): Prometheus metrics and health probes.
 
-Values are collected from the engine when Prometheus asks, so the hot path pays nothing. The
-endpoint binds to 127.0.0.1 unless ``--metrics-host`` says otherwise.
+- ``/metrics``: the sidecar's own figures, collected from the engine when Prometheus asks, so
+  the hot path pays nothing; ``mstb_sidecar_build_info{version,python}`` is 1.
+- ``/healthz``: 200 while the main loop ran within its watchdog interval (systemd's
+  ``WatchdogSec`` when set, else :data:`STALE_AFTER`), 503 once it did not: a stuck sidecar.
+- ``/readyz``: 200 once the first scan is done, 503 before.
+- anything else: 404, so a typo in a scrape or probe config is seen, not answered with metrics.
+
+Health is what the main loop tells systemd (:class:`sidecar.notify.Notifier`), so the probes
+and the watchdog never disagree. The endpoint binds to 127.0.0.1 unless ``--metrics-host``
+says otherwise.
 """
 
 from __future__ import annotations
 
+import platform
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from socketserver import TCPServer, ThreadingMixIn
+from urllib.parse import urlsplit
 
-from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from sidecar import __version__
 from sidecar.engine import Engine
+from sidecar.notify import Notifier
+
+STALE_AFTER = 30.0  # without a systemd watchdog: three of the main loop's longest waits (10 s)
 
 
 class EngineCollector(Collector):
@@ -22,6 +41,10 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         engine = self.engine
         sources = list(engine.sources.values())
+        build = GaugeMetricFamily("mstb_sidecar_build_info", "Always 1; the labels say what runs",
+                                  labels=["version", "python"])
+        build.add_metric([__version__, platform.python_version()], 1)
+        yield build
         yield CounterMetricFamily("mstb_sidecar_bytes_read", "Log bytes read", value=engine.bytes_read)
         yield CounterMetricFamily("mstb_sidecar_lines_read", "Log lines read", value=engine.lines_read)
         written = CounterMetricFamily("mstb_sidecar_records_written", "Step records written", labels=["rank"])
@@ -63,10 +86,76 @@ class EngineCollector(Collector):
         yield alerts
 
 
-def serve(engine: Engine, host: str, port: int) -> EngineCollector:
+class Probes:
+    """``/healthz`` and ``/readyz`` answers: (status, one line of text)."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+
+    def alive(self) -> tuple[int, str]:
+        notifier = self.notifier
+        if notifier.ready_at is None:
+            return 200, "starting: the first scan is running"
+        limit = 2 * notifier.watchdog_interval if notifier.watchdog_interval else STALE_AFTER
+        age = time.monotonic() - (notifier.healthy_at or notifier.ready_at)
+        if age <= limit:
+            return 200, f"alive: the main loop ran {age:.1f} s ago"
+        return 503, f"stalled: the main loop last ran {age:.0f} s ago (limit {limit:g} s)"
+
+    def ready(self) -> tuple[int, str]:
+        if self.notifier.ready_at is None:
+            return 503, "not ready: the first scan is running"
+        return 200, "ready: the first scan is done"
+
+
+class _Server(ThreadingMixIn, TCPServer):
+    """http.server's ``HTTPServer`` without its reverse-DNS lookup of the bound address at start."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, probes: Probes) -> None:
+        self.address_family, address = _family(host, port)
+        self.registry = registry
+        self.probes = probes
+        super().__init__((address, port), _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path in ("/healthz", "/readyz"):
+            code, text = self.server.probes.alive() if path == "/healthz" else self.server.probes.ready()
+            self._send(code, f"{text}\n".encode(), "text/plain; charset=utf-8")
+        else:
+            self._send(404, b"not found: the paths are /metrics, /healthz and /readyz\n", "text/plain; charset=utf-8")
+
+    def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # a scrape every few seconds is not news
+
+
+def _family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
+    """IPv4 or IPv6, as the host names it (``::1`` must not be bound as IPv4)."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    return family, sockaddr[0]
+
+
+def serve(engine: Engine, host: str, port: int, notifier: Notifier) -> EngineCollector:
     """Start the endpoint; the daemon points the returned collector at a new engine if it starts over."""
     collector = EngineCollector(engine)
     registry = CollectorRegistry()
     registry.register(collector)
-    start_http_server(port, addr=host, registry=registry)
+    server = _Server(host, port, registry, Probes(notifier))
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return collector

@@ -23,6 +23,8 @@ class Notifier:
         self.watchdog_interval = int(usec) / 2e6 if watchdog and usec else None
         self._last_ping = 0.0
         self._last_status = ""
+        self.ready_at: float | None = None  # monotonic; also read by the metrics endpoint's /readyz
+        self.healthy_at: float | None = None  # and /healthz
 
     def send(self, message: str) -> None:
         if self._sd is not None:
@@ -31,6 +33,7 @@ class Notifier:
     def ready(self, status: str) -> None:
         self.send(f"READY=1\nSTATUS={status}")
         self._last_status = status
+        self.ready_at = time.monotonic()
 
     def status(self, status: str) -> None:
         if status != self._last_status:
@@ -39,9 +42,9 @@ class Notifier:
 
     def healthy(self) -> None:
         """Called by the main loop after an iteration that made progress or was idle-healthy."""
+        now = self.healthy_at = time.monotonic()
         if self.watchdog_interval is None:
             return
-        now = time.monotonic()
         if now - self._last_ping >= self.watchdog_interval:
             self.send("WATCHDOG=1")
             self._last_ping = now

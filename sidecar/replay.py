@@ -48,6 +48,11 @@ def run_replay(config: SidecarConfig) -> int:
     try:
         engine.scan()
         if not engine.sources and not engine.summaries.files:
+            unreadable = engine.accounting.unreadable_paths()
+            if unreadable:
+                log.error("nothing could be read: %s; run as a user that can read the training logs",
+                          "; ".join(f"{path}: {why.lower()}" for path, why in sorted(unreadable.items())[:3]))
+                return 2
             log.warning(
                 "no mindformers logs found under %s (looked for rank_N/info.log, worker_N.log, "
                 "mindformer(s).log and MindSpore *_MS summaries); nothing to do",
@@ -74,7 +79,12 @@ def run_replay(config: SidecarConfig) -> int:
         return 1
     finally:
         engine.close()
-    if not config.quiet:
+    if not engine.ranks and not engine.summaries.events and engine.lines_read:
+        files = sorted(str(s.tail.path) for s in engine.sources.values() if s.tail.offset)
+        log.warning("no mindformers step record was recognised in the %d line(s) read from %s; is it a "
+                    "mindformers training log? 'mstb-sidecar check PATH' shows what each file was taken for",
+                    engine.lines_read, ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else ""))
+    elif not config.quiet:
         print(summary(engine, time.monotonic() - started))
         print(f"open it with: tensorboard --logdir {config.out}")
     return 0

@@ -1,10 +1,21 @@
-"""The one-screen summary printed after a replay (and on request by the daemon)."""
+"""The one-screen summary printed after a replay (and on request by the daemon).
+
+It fits :data:`WIDTH` columns: the table holds only short per-rank figures; what is long and
+mostly the same on every rank (the record format, the tags written) is listed once per group
+of ranks that share it, wrapped. Every column is explained under the table.
+"""
 
 from __future__ import annotations
 
+import textwrap
+from collections import Counter
+
 from parsers import tags
+from sidecar.accounting import Reason
+from sidecar.aggregate import _ranks_text
 from sidecar.engine import Engine
 
+WIDTH = 100
 _MAIN_TAGS = (
     tags.LOSS,
     tags.LEARNING_RATE,
@@ -14,6 +25,17 @@ _MAIN_TAGS = (
     tags.THROUGHPUT,
     tags.MODEL_FLOPS,
 )
+COLLAPSE = 3  # more tags than this under one prefix are listed as ``prefix/* (N tags)``
+SHORT = {  # the "not written" column's abbreviations, explained in the legend
+    Reason.DUPLICATE: ("dup", "a copy of a record already written"),
+    Reason.SUPERSEDED: ("sup", "from before a training resume"),
+    Reason.MALFORMED: ("bad", "a line that starts like a step record but does not parse"),
+    Reason.TOO_LONG: ("long", "a line over --max-line-bytes"),
+    Reason.UNREADABLE: ("unread", "a file that could not be read"),
+}
+HEADER = ("rank", "steps", "first", "last", "tags", "not written")
+COLUMNS = ("steps = step records written; first, last = global steps; tags = tags in the rank's run; "
+           "not written = records read but not written, and why")
 
 
 def summary(engine: Engine, seconds: float) -> str:
@@ -25,34 +47,14 @@ def summary(engine: Engine, seconds: float) -> str:
     if not engine.ranks and not engine.summaries.events:
         lines.append("nothing new since the last run")
         return "\n".join(lines)
-    header = ("rank", "steps", "first", "last", "format", "metrics", "not written")
-    rows = [header]
-    for rank_id in sorted(engine.ranks):
-        stats = engine.ranks[rank_id].stats
-        main = [t for t in _MAIN_TAGS if t in stats.tags]
-        other = len(stats.tags) - len(main)
-        metrics = ", ".join(main) + (f" +{other} more" if other else "")
-        rows.append(
-            (
-                str(rank_id),
-                str(stats.records),
-                "-" if stats.first_step is None else str(stats.first_step),
-                "-" if stats.last_step is None else str(stats.last_step),
-                ", ".join(sorted(f.value for f in stats.families)) or "-",
-                metrics or "-",
-                ", ".join(f"{n} {r.value}" for r, n in engine.accounting.of_rank(rank_id).items()) or "-",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    dropped = engine.accounting.describe()
+    lines += _table(engine)
+    lines += _groups(engine)
+    lines += _wrap(f"columns: {COLUMNS}")
+    dropped = engine.accounting.totals()
     if dropped:
-        lines.append(f"not written, by reason: {dropped} (duplicate: a copy of a record already written; "
-                     "superseded: from before a training resume; malformed/too-long lines; unreadable files)")
-    resumes = sum(r.stats.resumes for r in engine.ranks.values())
-    if resumes:
-        lines.append(f"training resumed {resumes} time(s); superseded points are hidden by TensorBoard")
+        legend = "; ".join(f"{SHORT[r][0]} = {r.value}: {SHORT[r][1]}" for r in Reason if dropped[r])
+        lines += _wrap(f"not written, by reason: {engine.accounting.describe()} ({legend})")
+    lines += _resumes(engine)
     if engine.aggregator is not None and engine.aggregator.writer.points_written:
         incomplete = engine.aggregator.incomplete_steps
         note = f" ({incomplete} step(s) written without every rank, see the warnings)" if incomplete else ""
@@ -64,3 +66,78 @@ def summary(engine: Engine, seconds: float) -> str:
     if alerts:
         lines.append(f"{alerts} alert(s) (non-finite values, errors); see the warnings above")
     return "\n".join(lines)
+
+
+def _table(engine: Engine) -> list[str]:
+    rows = [HEADER]
+    for rank_id in sorted(engine.ranks):
+        stats = engine.ranks[rank_id].stats
+        dropped = engine.accounting.of_rank(rank_id)
+        rows.append((
+            str(rank_id),
+            str(stats.records),
+            "-" if stats.first_step is None else str(stats.first_step),
+            "-" if stats.last_step is None else str(stats.last_step),
+            str(len(stats.tags)),
+            ", ".join(f"{n} {SHORT[r][0]}" for r, n in dropped.items()) or "-",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    numeric = range(1, 5)  # steps, first, last, tags: right-aligned
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    return [line(row).rstrip() for row in rows]
+
+
+def _groups(engine: Engine) -> list[str]:
+    """``ranks 0-7: r0.7+ graph trainer; tags: loss, ...``, once per distinct (format, tags)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for rank_id, rank in sorted(engine.ranks.items()):
+        formats = ", ".join(sorted(f.value for f in rank.stats.families)) or "no step records"
+        groups.setdefault((formats, _tag_list(rank.stats.tags)), []).append(rank_id)
+    lines: list[str] = []
+    for (formats, tag_list), ranks in groups.items():
+        lines += _wrap(f"{_who(ranks)}: {formats}; tags: {tag_list or '-'}")
+    return lines
+
+
+def _tag_list(written: set[str]) -> str:
+    """Main metrics first, then the rest by name; a crowd under one prefix (``local_norm/<param>``)
+    as ``local_norm/* (N tags)``."""
+    main = [t for t in _MAIN_TAGS if t in written]
+    rest = sorted(written - set(main))
+    prefixes = Counter(t.split("/", 1)[0] for t in rest if "/" in t)
+    shown: list[str] = []
+    for tag in rest:
+        prefix = tag.split("/", 1)[0]
+        if "/" in tag and prefixes[prefix] > COLLAPSE:
+            crowd = f"{prefix}/* ({prefixes[prefix]} tags)"
+            if crowd not in shown:
+                shown.append(crowd)
+        else:
+            shown.append(tag)
+    return ", ".join(main + shown)
+
+
+def _resumes(engine: Engine) -> list[str]:
+    """``training resumed: rank 0 once; ranks 2-3 twice each``: counted per rank."""
+    by_count: dict[int, list[int]] = {}
+    for rank_id, rank in sorted(engine.ranks.items()):
+        if rank.stats.resumes:
+            by_count.setdefault(rank.stats.resumes, []).append(rank_id)
+    if not by_count:
+        return []
+    parts = []
+    for count, ranks in sorted(by_count.items()):
+        times = {1: "once", 2: "twice"}.get(count, f"{count} times")
+        parts.append(f"{_who(ranks)} {times}" + (" each" if len(ranks) > 1 else ""))
+    return _wrap(f"training resumed: {'; '.join(parts)} (superseded points are hidden by TensorBoard)")
+
+
+def _who(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks_text(ranks)}"
+
+
+def _wrap(text: str) -> list[str]:
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)

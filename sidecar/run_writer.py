@@ -24,11 +24,13 @@ import time
 from pathlib import Path
 
 from tensorboardX.proto import event_pb2, summary_pb2
-from tensorboardX.summary import text as text_summary
+from tensorboardX.proto.plugin_text_pb2 import TextPluginData
+from tensorboardX.proto.tensor_pb2 import TensorProto
+from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
 
 from parsers.records import Record
 from sidecar.event_file import EventFileWriter, OutputLost, vanished
-from sidecar.event_scan import RunView, run_holds, scan_run
+from sidecar.event_scan import TEXT_PLUGIN, RunView, run_holds, scan_run
 from sidecar.sequencer import Identity
 
 RESUME_TAG = "events/resume"
@@ -126,8 +128,26 @@ class RunWriter:
         return self._file
 
 
+_TEXT_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(
+        plugin_name=TEXT_PLUGIN, content=TextPluginData(version=0).SerializeToString()
+    )
+)
+
+
+def text_value(tag: str, text: str) -> summary_pb2.Summary.Value:
+    """A text value that TensorBoard's text plugin lists under ``tag`` itself.
+
+    tensorboardX's ``text()`` would append ``/text_summary`` to the tag; the README documents
+    the plain names (``events/compile``). Runs written that way are read back under the plain
+    name (:data:`sidecar.event_scan.LEGACY_TEXT_SUFFIX`), so no text is written twice.
+    """
+    tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")],
+                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+    return summary_pb2.Summary.Value(tag=tag, metadata=_TEXT_METADATA, tensor=tensor)
+
+
 def _values(record: Record) -> list[summary_pb2.Summary.Value]:
     values = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in record.scalars.items()]
-    for tag, text in record.texts.items():
-        values.extend(text_summary(tag, text).value)
+    values.extend(text_value(tag, text) for tag, text in record.texts.items())
     return values

@@ -12,6 +12,10 @@ on the way to the root only, so the re-creation is itself an event; once it exis
 new directory) it is watched anew and a structure change makes the loop rescan at once. A root
 renamed away sends no event (inotify's ``IN_MOVE_SELF`` is not reported) and is noticed at the
 next wake-up, at worst the loop's reconcile interval.
+
+A ``--watch`` path that does not exist yet (the sidecar starts before the job) is a gone root
+from the start: it is awaited the same way, and taken for a directory until it appears (a file
+named on the command line is then watched through the directory that holds it).
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ def filesystem_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
 # Only writes and changes of the tree wake us: our own opens and reads of the logs must not.
 _CONTENT = (FileModifiedEvent, FileClosedEvent)
 _STRUCTURE = (FileCreatedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent)
-_ON_THE_WAY = (DirCreatedEvent, DirMovedEvent, DirDeletedEvent)  # what an ancestor's watch reports
+# What an ancestor's watch reports: the directories on the way, or a root that is a file.
+_ON_THE_WAY = (DirCreatedEvent, DirMovedEvent, DirDeletedEvent, FileCreatedEvent, FileMovedEvent)
 REARM_PASSES = 3  # a root re-created while its ancestor's watch was being set sends no event
 
 
@@ -103,6 +108,11 @@ def _nearest_dir(path: Path) -> Path:
     return path
 
 
+def _root(path: Path) -> Path:
+    """The directory watched for a ``--watch`` path: itself, or the directory of a file."""
+    return path.resolve().parent if path.is_file() else path.resolve()
+
+
 def _identity(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -121,8 +131,9 @@ class WakeUp:
     def __init__(self, roots: list[Path], out: Path, poll_only: bool) -> None:
         self.event = threading.Event()
         self.structure_changed = False
-        self.roots = sorted({r.resolve() if r.is_dir() else r.resolve().parent for r in roots}
-                            | set(linked_dirs(roots, out)))  # a recursive watch does not follow links
+        self._paths, self._out = roots, out
+        self._missing = [r for r in roots if not r.exists()]
+        self.roots = self._roots()
         self._observer: Observer | None = None
         self._wake = _Wake(self, str(out.resolve()) + "/")
         self._await = _Await(self)
@@ -147,6 +158,10 @@ class WakeUp:
             return
         self.mode = "inotify+poll"
 
+    def _roots(self) -> list[Path]:
+        # a recursive watch does not follow links: their targets are roots too
+        return sorted({_root(r) for r in self._paths} | set(linked_dirs(self._paths, self._out)))
+
     @property
     def events(self) -> bool:
         return self._observer is not None
@@ -154,6 +169,10 @@ class WakeUp:
     def take_structure_change(self) -> bool:
         """Was the tree changed (or a watch re-armed) since the last call? Re-arms dead watches."""
         changed, self.structure_changed = self.structure_changed, False
+        if self._missing and any(r.exists() for r in self._missing):  # a path waited for appeared
+            self._missing = [r for r in self._missing if not r.exists()]
+            self.roots = self._roots()
+            changed = True
         observer = self._observer
         for _ in range(REARM_PASSES if observer is not None else 0):
             try:

@@ -1,9 +1,10 @@
 """Shared tools for the live-daemon reliability tests (``tests/test_live_*.py``).
 
 - :class:`RankLog` writes real mindformers v1.9 two-line step records (head + progress bar) for
-  one rank, with strictly increasing timestamps and a loss that encodes rank and step exactly
-  (``rank * 100000 + step + 0.25 * segment``, exact in float32), and can rotate like
-  ``RotatingFileHandler``, rename under a writer that keeps its fd, truncate, delete and recreate.
+  one rank, with strictly increasing timestamps (unless the test jumps the clock) and a loss that
+  encodes rank and step exactly (``rank * 100000 + step + 0.25 * segment``, exact in float32), and
+  can rotate like ``RotatingFileHandler`` or logrotate's ``copytruncate``, rename under a writer
+  that keeps its fd, truncate, delete and recreate.
 - :func:`raw_run` decodes a run's event files with TensorBoard's own record loader (raw: every
   record, duplicates and START markers included); :func:`tb_points` reads the run with
   TensorBoard's ``EventAccumulator``, which applies the START-marker purge, i.e. what a user sees.
@@ -35,7 +36,7 @@ from tensorboard.backend.event_processing import event_accumulator, plugin_event
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 LOSS = "loss"
-RESUME_TEXT_TAG = "events/resume/text_summary"
+RESUME_TEXT_TAG = "events/resume"
 MODES = ["inotify", "poll"]
 _CALLBACK = "[mindformers/core/callback/callback.py:318] print_output_info:"
 _BAR = "  5.2% |██                                                | 0.86313 samples/s/p  2:26:41 }"
@@ -78,7 +79,7 @@ class RankLog:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
 
     def _stamp(self) -> str:
-        self.clock += timedelta(milliseconds=3)  # strictly increasing per rank
+        self.clock += timedelta(milliseconds=3)  # strictly increasing per rank, but for jump_clock
         return self.clock.strftime("%Y-%m-%d %H:%M:%S,") + f"{self.clock.microsecond // 1000:03d}"
 
     def record(self, step: int) -> bytes:
@@ -119,6 +120,11 @@ class RankLog:
             del self.expected[s]
         self.next_step = step
 
+    def jump_clock(self, delta: timedelta) -> None:
+        """The host's wall clock is set by ``delta`` (NTP step, end of summer time): later
+        lines carry timestamps that may be earlier than those before them."""
+        self.clock += delta
+
     # -- file operations -------------------------------------------------------------------
     def rotate(self, backups: int = 5) -> None:
         """``RotatingFileHandler.doRollover``: shift ``.N`` backups, rename, open a new file."""
@@ -127,11 +133,22 @@ class RankLog:
 
     def shift(self, backups: int = 5) -> None:
         """Rename the chain (``.4`` -> ``.5`` ... live -> ``.1``) but keep writing to the old fd."""
+        self._shift_backups(backups)
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+    def copytruncate(self, backups: int = 5) -> None:
+        """logrotate's ``copytruncate``: shift the backups, copy the live file to ``.1``, truncate
+        it in place; the writer keeps its ``O_APPEND`` fd. Nothing is written between the copy
+        and the truncation (the caller is the only writer), so no line falls in that window."""
+        self._shift_backups(backups)
+        shutil.copyfile(self.path, self.path.with_name(f"{self.path.name}.1"))
+        os.truncate(self.path, 0)
+
+    def _shift_backups(self, backups: int) -> None:
         for i in range(backups - 1, 0, -1):
             src = self.path.with_name(f"{self.path.name}.{i}")
             if src.exists():
                 os.replace(src, self.path.with_name(f"{self.path.name}.{i + 1}"))
-        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
 
     def reopen(self) -> None:
         os.close(self.fd)

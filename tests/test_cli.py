@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from sidecar import __version__
 from tb_read import scalars
 
 VERSIONS = Path(__file__).parent / "fixtures" / "versions"
@@ -45,12 +47,6 @@ def test_quiet_prints_nothing_on_success(tmp_path: Path) -> None:
 
 def test_missing_path_is_a_one_line_error(tmp_path: Path) -> None:
     proc = run("replay", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 2
-    assert "does not exist" in one_line_error(proc)
-
-
-def test_watch_missing_path_is_a_one_line_error(tmp_path: Path) -> None:
-    proc = run("--watch", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2
     assert "does not exist" in one_line_error(proc)
 
@@ -97,10 +93,61 @@ def test_invalid_yaml_and_bad_values_are_one_line_errors(tmp_path: Path) -> None
     assert proc.returncode == 2 and "not valid YAML" in one_line_error(proc)
     bad.write_text("rank: -3\n")
     proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "o"), "--config", str(bad))
-    assert proc.returncode == 2 and "--rank" in one_line_error(proc)
+    assert proc.returncode == 2 and "'rank': Input should be greater than or equal to 0" in one_line_error(proc)
     bad.write_text("no_such_option: 1\n")
     proc = run("replay", str(VERSIONS / "r0.7"), "--out", str(tmp_path / "o"), "--config", str(bad))
-    assert proc.returncode == 2 and "no-such-option" in one_line_error(proc)
+    assert proc.returncode == 2 and "unknown option 'no_such_option'" in one_line_error(proc)
+
+
+def test_config_reports_every_error_under_the_key_as_written_with_a_did_you_mean(tmp_path: Path) -> None:
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text("pol_interval: 0.5\nrescan-intervl: 2\naggregate: false\nrank: -3\ncheckpoint_interval: soon\n")
+    proc = run("--watch", str(tmp_path), "--out", str(tmp_path / "o"), "--config", str(cfg))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"mstb-sidecar: error: {cfg}: unknown option 'pol_interval'; did you mean 'poll_interval'?",
+        f"mstb-sidecar: error: {cfg}: unknown option 'rescan-intervl'; did you mean 'rescan-interval'?",
+        f"mstb-sidecar: error: {cfg}: unknown option 'aggregate'; did you mean 'no_aggregate'?",
+        f"mstb-sidecar: error: {cfg}: 'rank': Input should be greater than or equal to 0",
+        f"mstb-sidecar: error: {cfg}: 'checkpoint_interval': Input should be a valid number, "
+        "unable to parse string as a number",
+    ]
+
+
+def test_config_keys_are_the_long_option_names_with_dash_or_underscore(tmp_path: Path) -> None:
+    log = tmp_path / "rank_2" / "info.log"
+    log.parent.mkdir()
+    shutil.copy(VERSIONS / "r0.7" / "output" / "log" / "rank_0" / "info.log", log)
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text(f"out: {tmp_path / 'o'}\nno-aggregate: true\nmax_line_bytes: 4096\nno_progress: true\n")
+    proc = run("replay", str(log), "--config", str(cfg))
+    assert proc.returncode == 0, proc.stderr
+    names = {p.name for p in (tmp_path / "o").iterdir()}
+    assert "rank_2" in names and "aggregate" not in names  # no-aggregate: true took effect
+
+
+def test_no_arguments_prints_usage() -> None:
+    proc = run()
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("usage: mstb-sidecar")
+    assert "mstb-sidecar replay PATH... --out DIR" in proc.stderr and "Field required" not in proc.stderr
+
+
+def test_missing_out_names_the_option() -> None:
+    proc = run("--watch", "x")
+    assert proc.returncode == 2 and one_line_error(proc) == "mstb-sidecar: error: --out DIR: required"
+
+
+def test_metrics_port_in_use_is_its_own_error_and_exit_code(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run("--watch", str(tmp_path), "--out", str(tmp_path / "o"), "--metrics-port", str(port))
+    assert proc.returncode == 3
+    line = one_line_error(proc)
+    assert line == (f"mstb-sidecar: error: cannot serve metrics on 127.0.0.1:{port}: Address already in use; "
+                    "choose another --metrics-port (or --metrics-host), or stop what uses it")
 
 
 def test_bad_rank_pattern_is_a_one_line_error(tmp_path: Path) -> None:
@@ -130,7 +177,14 @@ def test_single_file_without_rank_in_path_uses_rank_option(tmp_path: Path) -> No
 
 
 def test_help_and_version() -> None:
-    assert run("--help").returncode == 0
-    assert run("replay", "--help").returncode == 0
-    proc = run("--version")
-    assert proc.returncode == 0 and proc.stdout.startswith("mstb-sidecar ")
+    proc = run("--help")
+    assert proc.returncode == 0
+    assert "mstb-sidecar replay PATH... --out DIR" in proc.stdout and "mstb-sidecar check PATH..." in proc.stdout
+    codes = proc.stdout[proc.stdout.index("exit codes:"):]
+    assert all(f"\n  {code}  " in codes for code in range(5)), codes
+    assert "Address" not in codes and "port in use" in codes
+    replay_help = run("replay", "--help")
+    assert replay_help.returncode == 0 and "exit codes:" in replay_help.stdout
+    for flag in ("--version", "-V"):
+        proc = run(flag)
+        assert proc.returncode == 0 and proc.stdout == f"mstb-sidecar {__version__}\n"

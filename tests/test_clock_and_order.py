@@ -189,3 +189,16 @@ def test_replay_of_two_fresh_starts_orders_them_by_their_first_timestamp(tmp_pat
     earlier.step(50)
     replay([tmp_path / "run_a", tmp_path / "run_b"], tmp_path / "tb")
     assert dict(tb_points(tmp_path / "tb/rank_0")) == later.expected
+
+
+def test_replay_counts_an_unfinished_last_line(tmp_path: Path) -> None:
+    """A trainer killed mid-line leaves a cut record: it is not parsed (its loss may be cut
+    short), but it is counted, never silently skipped."""
+    log = RankLog(tmp_path / "output/log/rank_0/info.log", 0)
+    log.step(5)
+    record = log.record(6)
+    log.write(record[: record.index(b"loss: ") + 9])
+    del log.expected[6]
+    out = replay([tmp_path / "output"], tmp_path / "tb")
+    assert dict(tb_points(tmp_path / "tb/rank_0")) == log.expected
+    assert "1 malformed" in out and "ends in an unfinished line" in out, out

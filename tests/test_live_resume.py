@@ -2,7 +2,7 @@
 
 TensorBoard must show one curve without overlap or zig-zag: the points from the resume step on
 are the new segment's, the older ones before it stay, and the resume is marked by a text event
-(``events/resume/text_summary``) at the resume step. Checked live, across a SIGKILL right after
+(``events/resume``) at the resume step. Checked live, across a SIGKILL right after
 the resume, with the resume happening while the sidecar is down, and for a new job that
 truncates ``worker_N.log`` and starts again at step 1.
 """

@@ -1,10 +1,9 @@
 """The ``mindformers`` tier: real mindformers 1.9 trains a tiny LLaMA on the CPU while the sidecar
 follows its logs live; what the sidecar wrote must equal mindformers' own TensorBoard output.
 
-Recipe: ``shared/mindformers-cpu-run`` (``$MSTB_SHARED_DIR`` overrides where ``shared/`` is;
-by default it lies beside the repository). It is copied into a temporary directory with a
-smaller data set, so each run is short but still spans two epochs (the global step crosses an
-epoch boundary). Runs, one at a time:
+Recipe: ``tests/mindformers_run/`` (tiny model config, data generator, CPU launcher; see its
+README). Each run is started with a smaller data set than the recipe's default, so it is short
+but still spans two epochs (the global step crosses an epoch boundary). Runs, one at a time:
 
 ===============  ==============================================================  ============
 run              what                                                            steps/rank
@@ -31,6 +30,11 @@ mindformers runs in its own venv (MindSpore 2.9, which conflicts with the projec
 
 Per run the points compared and the worst difference per tag are printed at the end of the
 session and written to ``.cache/mindformers-fidelity.json``.
+
+Other mindformers tests may import from here: the fixtures ``mf_python`` (the interpreter, as
+:class:`MfPython`) and ``report`` (one :class:`Report` per session; add entries with
+``report.run(name)`` and ``report.write()``), and :func:`start_training`, :func:`stop_job`,
+:func:`read_truth`, :func:`clean_env`.
 """
 
 from __future__ import annotations
@@ -46,12 +50,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from fidelity import COMPARED_TAGS, compare_run
+from mindformers_run import launch
 from tb_read import raw_points, scalars, texts
 
 pytestmark = pytest.mark.mindformers
@@ -60,6 +66,7 @@ if os.environ.get("MSTB_SKIP_MINDFORMERS") == "1":
     pytest.skip("MSTB_SKIP_MINDFORMERS=1", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = Path(launch.__file__)
 CACHE = REPO / ".cache"
 MF_VENV = CACHE / "mfvenv"
 REPORT = CACHE / "mindformers-fidelity.json"
@@ -86,7 +93,8 @@ def _skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without the project venv's variables, which would leak into the mindformers venv."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env.update(extra)
     return env
@@ -119,7 +127,7 @@ def _import_check(python: Path, cwd: Path) -> dict[str, str] | str:
     """
     code = "import json, mindformers, mindspore; print(json.dumps({'mindformers': mindformers.__version__, 'mindspore': mindspore.__version__}))"
     try:
-        proc = subprocess.run([str(python), "-c", code], cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([str(python), "-c", code], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     if proc.returncode != 0:
@@ -141,7 +149,7 @@ def build_mf_venv(venv: Path, log: Path) -> float:
     with open(log, "w") as out:
         proc = subprocess.run(
             [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", MF_REQUIREMENT],
-            stdout=out, stderr=subprocess.STDOUT, env=_clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
+            stdout=out, stderr=subprocess.STDOUT, env=clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
             timeout=PIP_TIMEOUT,
         )
     if proc.returncode != 0:
@@ -154,16 +162,7 @@ def build_mf_venv(venv: Path, log: Path) -> float:
 
 
 @pytest.fixture(scope="session")
-def recipe_dir() -> Path:
-    shared = Path(os.environ.get("MSTB_SHARED_DIR") or Path(__file__).resolve().parents[2] / "shared")
-    recipe = shared / "mindformers-cpu-run"
-    if not (recipe / "run.sh").is_file():
-        _skip_or_fail(f"mindformers recipe not found at {recipe} (set MSTB_SHARED_DIR to the shared/ directory)")
-    return recipe
-
-
-@pytest.fixture(scope="session")
-def mf_python(recipe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> MfPython:
+def mf_python(tmp_path_factory: pytest.TempPathFactory) -> MfPython:
     scratch = tmp_path_factory.mktemp("mf-import-check")
     override = os.environ.get("MSTB_MF_PYTHON")
     if override:
@@ -237,7 +236,7 @@ class Report:
             terminalreporter.write_line(f"(also in {self.path})")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def report(request: pytest.FixtureRequest, mf_python: MfPython) -> Report:
     rep = Report(REPORT)
     rep.data.update(generated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), mindformers=mf_python.versions["mindformers"], mindspore=mf_python.versions["mindspore"],
@@ -256,18 +255,18 @@ FP16 = ("model.model_config.compute_dtype=float16", "model.model_config.softmax_
 @dataclass(frozen=True)
 class Run:
     name: str
-    mode: str  # run.sh mode: single | dp2
+    mode: str  # launch.py mode: single | dp2
     records: int  # data set size; batch 2 per rank, 2 epochs
     overrides: tuple[str, ...] = ()
     nan_loss: bool = False
 
     @property
     def ranks(self) -> int:
-        return 2 if self.mode == "dp2" else 1
+        return launch.WORKERS[self.mode]
 
     @property
     def steps(self) -> int:
-        return 2 * (self.records // (2 * self.ranks))
+        return launch.steps_per_rank(self.records, self.mode)
 
     @property
     def truth_tags(self) -> tuple[str, ...]:
@@ -307,18 +306,26 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _copy_recipe(src: Path, dst: Path, records: int) -> Path:
-    """The recipe with its data set size set to ``records`` (``shared/`` stays untouched)."""
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file():
-            shutil.copyfile(f, dst / f.name)  # not copy2: shared/ is read-only in CI
-    run_sh = dst / "run.sh"
-    text = run_sh.read_text()
-    call = 'make_data.py" data/train.mindrecord $n'
-    assert text.count(call) == 1, f"the recipe's run.sh changed shape: no single `{call}` to resize"
-    run_sh.write_text(text.replace(call, f'make_data.py" data/train.mindrecord {records}'))
-    return run_sh
+def start_training(mf: MfPython, workdir: Path, mode: str, records: int, overrides: Sequence[str],
+                   log: Path) -> subprocess.Popen[bytes]:
+    """Start ``mindformers_run/launch.py`` (data, then training) in WORKDIR, output into ``log``.
+
+    The job gets its own session, so :func:`stop_job` also ends the workers msrun started.
+    """
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, str(LAUNCHER), "--python", str(mf.python), "--records", str(records),
+             "--master-port", str(_free_port()), str(workdir), mode, *overrides],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, env=clean_env(),
+        )
+
+
+def stop_job(job: subprocess.Popen[bytes]) -> None:
+    """Kill a job from :func:`start_training` with everything it started, if it still runs."""
+    if job.poll() is None:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
 
 
 def _loss_points(summary: Path) -> int:
@@ -340,11 +347,10 @@ def read_truth(output: Path) -> dict[str, dict[str, dict[int, float]]]:
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[r.name for r in RUNS])
-def live(request: pytest.FixtureRequest, recipe_dir: Path, mf_python: MfPython, report: Report,
+def live(request: pytest.FixtureRequest, mf_python: MfPython, report: Report,
          tmp_path_factory: pytest.TempPathFactory) -> Live:
     run: Run = request.param
     base = tmp_path_factory.mktemp(run.name)
-    run_sh = _copy_recipe(recipe_dir, base / "recipe", run.records)
     workdir, summary = base / "job", base / "summary"
     log_dir = workdir / "output" / "log"
     log_dir.mkdir(parents=True)  # the daemon needs its --watch path to exist
@@ -365,12 +371,7 @@ def live(request: pytest.FixtureRequest, recipe_dir: Path, mf_python: MfPython, 
 
         job_log = base / "job.out"
         started = time.monotonic()
-        with open(job_log, "wb") as out:
-            job = subprocess.Popen(
-                ["bash", str(run_sh), str(workdir), run.mode, *run.overrides],
-                cwd=base, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env=_clean_env(MF_PYTHON=str(mf_python.python), MF_MASTER_PORT=str(_free_port())),
-            )
+        job = start_training(mf_python, workdir, run.mode, run.records, run.overrides, job_log)
         try:
             job_rc = job.wait(TRAIN_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -395,9 +396,8 @@ def live(request: pytest.FixtureRequest, recipe_dir: Path, mf_python: MfPython, 
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{run.name}: sidecar did not exit within 30 s of SIGTERM") from None
     finally:
-        if job is not None and job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)  # its own session: the workers of msrun too
-            job.wait()
+        if job is not None:
+            stop_job(job)
         if sidecar.poll() is None:
             sidecar.kill()
             sidecar.wait()
@@ -462,7 +462,7 @@ def _assert_same_as_live(live: Live, out: Path, what: str) -> None:
 def test_sidecar_followed_the_job_live_and_exited_cleanly(live: Live) -> None:
     assert live.sidecar_exit == 0, f"sidecar exit {live.sidecar_exit} after SIGTERM:\n{live.sidecar_stderr}"
     bad = [ln for ln in live.sidecar_stderr.splitlines()
-           if ln.startswith(("mstb-sidecar: ERROR", "mstb-sidecar: CRITICAL", "Traceback (most recent call last)"))]
+           if any(s in ln for s in ("mstb-sidecar: ERROR", "mstb-sidecar: CRITICAL", "Traceback (most recent call last)"))]
     assert not bad, "sidecar logged errors:\n" + "\n".join(bad[:20])
     assert live.loss_points_at_job_end > 0, "nothing was in the sidecar's output when the job ended: it did not follow live"
     assert live.caught_up, f"not every step reached the sidecar's output within {CATCH_UP_TIMEOUT:.0f} s of the job's end"

@@ -383,8 +383,8 @@ def test_cli_replay_converts_summary_dirs_into_runs(ms_run: MsRun, tmp_path: Pat
     shown = scalars(out / "train")
     steps = list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
     assert shown["loss/auto"] == {s: float(np.float32(ms_run.losses[s])) for s in steps}
-    assert "lineage/text_summary" in texts(out / "train")
-    assert "| optimizer | Momentum |" in texts(out / "train")["lineage/text_summary"][max(steps)]
+    assert "lineage" in texts(out / "train")
+    assert "| optimizer | Momentum |" in texts(out / "train")["lineage"][max(steps)]
     assert max(raw_points(out / "train").values()) == 1
     assert scalars(out / "custom")  # the SummaryRecord directory is a run of its own
 

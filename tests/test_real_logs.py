@@ -1,4 +1,4 @@
-"""Genuine mindformers 1.9 logs (CPU runs of ``shared/mindformers-cpu-run``) against mindformers' own
+"""Genuine mindformers 1.9 logs (CPU runs of the ``tests/mindformers_run`` recipe) against mindformers' own
 TensorBoard output from the same runs, stored as ``tensorboard_truth.json`` beside the logs.
 
 The live version of this check, which trains the model while the sidecar follows, is the

@@ -1,0 +1,86 @@
+"""The custom-scalars layout (TensorBoard's "Custom Scalars" tab), in a run of its own.
+
+One category per metric, in :data:`sidecar.aggregate.AGGREGATED` order (loss first), each with
+"all ranks" (every rank's ``<tag>`` overlaid) and, next to it, "mean, min-max band" (the
+aggregate's ``<tag>/mean`` between ``/min`` and ``/max``). A chart is there only for a tag a run
+has: an empty "Matches (0)" chart says nothing.
+
+Why a run of its own (``layout/<instance>``): the per-rank overlays must not depend on the
+aggregate (``--no-aggregate``), and TensorBoard merges the layouts of all runs (categories by
+title, identical charts once), so sidecars of several nodes sharing ``--out`` each add theirs.
+The plugin reads the newest layout of a run, so when a tag appears that has no chart yet the
+layout is written again one step later. It never shrinks: the last layout is read back at
+start, so a restart that has not seen every rank yet keeps the charts of the others.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from tensorboardX.proto import event_pb2, layout_pb2, summary_pb2
+from tensorboardX.summary import custom_scalars
+
+from sidecar.aggregate import AGGREGATED
+from sidecar.event_file import event_files
+from sidecar.run_writer import RunWriter
+from sidecar.tfrecord import CorruptRecord, iter_records
+
+LAYOUT_TAG = "custom_scalars__config__"  # the tag TensorBoard's custom_scalars plugin reads
+OVERLAY = "all ranks"
+BAND = "mean, min-max band"
+
+
+class LayoutRun:
+    """Keeps ``layout/<instance>`` showing a chart for every metric the runs have."""
+
+    def __init__(self, writer: RunWriter) -> None:
+        self.writer = writer
+        self.overlays, self.bands = _charted(writer.run_dir)
+
+    def update(self, rank_tags: Iterable[str], aggregate_tags: Iterable[str]) -> None:
+        """Write the layout again if a rank run has a metric, or the aggregate a ``<metric>/mean``,
+        that has no chart yet."""
+        metrics = set(AGGREGATED)
+        overlays = self.overlays | (metrics & set(rank_tags))
+        bands = self.bands | (metrics & {t.removesuffix("/mean") for t in aggregate_tags if t.endswith("/mean")})
+        if overlays == self.overlays and bands == self.bands:
+            return
+        self.overlays, self.bands = overlays, bands
+        step = self.writer.view.watermarks.get(LAYOUT_TAG, -1) + 1
+        self.writer.write_values(step, time.time(), list(_layout_summary(overlays, bands).value))
+
+
+def _layout_summary(overlays: set[str], bands: set[str]) -> summary_pb2.Summary:
+    layout: dict[str, dict[str, list]] = {}
+    for tag in AGGREGATED:
+        charts: dict[str, list] = {}
+        if tag in overlays:
+            charts[f"{tag} ({OVERLAY})"] = ["Multiline", [f"^{re.escape(tag)}$"]]
+        if tag in bands:
+            charts[f"{tag} ({BAND})"] = ["Margin", [f"{tag}/mean", f"{tag}/min", f"{tag}/max"]]
+        if charts:
+            layout[tag] = charts
+    return custom_scalars(layout)
+
+
+def _charted(run_dir: Path) -> tuple[set[str], set[str]]:
+    """The metrics with an overlay and with a band in the run's newest layout."""
+    newest = b""
+    for path in event_files(run_dir):
+        with open(path, "rb") as fh:
+            try:
+                for record in iter_records(fh):
+                    for value in event_pb2.Event.FromString(record.payload).summary.value:
+                        if value.tag == LAYOUT_TAG:
+                            newest = b"".join(value.tensor.string_val)
+            except CorruptRecord:
+                pass  # TensorBoard stops reading a file here too
+    overlays: set[str] = set()
+    bands: set[str] = set()
+    for category in layout_pb2.Layout.FromString(newest).category:
+        for chart in category.chart:
+            (overlays if chart.HasField("multiline") else bands).add(category.title)
+    return overlays, bands

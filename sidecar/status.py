@@ -1,0 +1,119 @@
+"""What the live sidecar tells an operator: the status line, paths it waits for, its decisions.
+
+The status line (systemd's ``STATUS=``, the periodic log line, SIGUSR1) is built from the engine's
+own counters (:mod:`sidecar.accounting`), so it never disagrees with the replay summary or the
+metrics endpoint. ``-v`` logs the sidecar's decisions (a file followed, renamed, let go; a rank
+found), read off the engine between iterations, rather than the file events that led to them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from sidecar.engine import Engine
+from sidecar.tailer import Identity
+
+log = logging.getLogger(__name__)
+
+MAX_STEP_GROUPS = 4  # a 1024-rank job must still fit one line
+
+
+def status_line(engine: Engine, waiting: list[Path]) -> str:
+    """``following 4 file(s), 2 rank(s), last step 16 (rank 0-1), lag 0 bytes, not written: ...``"""
+    sources = list(engine.sources.values())
+    lag = sum(max(s.tail.size - s.tail.offset, 0) for s in sources)
+    parts = [f"following {len(sources)} file(s)", f"{len(engine.ranks)} rank(s)"]
+    steps = _last_steps(engine)
+    if steps:
+        parts.append(f"last step {steps}")
+    parts.append(f"lag {lag} bytes")
+    dropped = engine.accounting.describe()
+    if dropped:
+        parts.append(f"not written: {dropped}")
+    line = ", ".join(parts)
+    if waiting:
+        line = f"waiting for {', '.join(map(str, waiting))} to appear; {line}"
+    return line
+
+
+def _last_steps(engine: Engine) -> str:
+    """Last step per rank, ranks with the same step grouped: ``16 (rank 0-6), 15 (rank 7)``;
+    past :data:`MAX_STEP_GROUPS` the lowest step (the rank that lags) is kept."""
+    by_step: dict[int, list[int]] = {}
+    for rank_id, rank in sorted(engine.ranks.items()):
+        if rank.stats.last_step is not None:
+            by_step.setdefault(rank.stats.last_step, []).append(rank_id)
+    groups = [f"{step} (rank {_ranges(ranks)})" for step, ranks in sorted(by_step.items(), reverse=True)]
+    if len(groups) > MAX_STEP_GROUPS:
+        groups = [*groups[:MAX_STEP_GROUPS - 1], f"... lowest {groups[-1]}"]
+    return ", ".join(groups)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``0-6,9`` for ranks 0..6 and 9."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+class Waiting:
+    """``--watch`` paths that do not exist yet (the sidecar starts before the job): said once
+    when waiting starts and once when each appears, with a warning if one is still missing after
+    ``grace`` seconds (a typo in the path looks just like a job that has not started)."""
+
+    def __init__(self, paths: list[Path], grace: float) -> None:
+        self.missing = [p for p in paths if not p.exists()]
+        self._grace = grace
+        self._since = time.monotonic()
+        self._warned = False
+        if self.missing:
+            log.info("waiting for %s to appear (does not exist yet; the job creates it)",
+                     ", ".join(map(str, self.missing)))
+
+    def check(self, now: float) -> bool:
+        """Returns whether a missing path appeared."""
+        if not self.missing:
+            return False
+        appeared = [p for p in self.missing if p.exists()]
+        for path in appeared:
+            log.info("%s appeared; following it", path)
+        self.missing = [p for p in self.missing if p not in appeared]
+        if self.missing and not self._warned and now - self._since >= self._grace:
+            self._warned = True
+            log.warning("%s still does not exist after %.0f s; check --watch (and the job's output_dir) if the "
+                        "job has started. Still waiting.", ", ".join(map(str, self.missing)), now - self._since)
+        return bool(appeared)
+
+
+class Decisions:
+    """Logs at debug level (``-v``) what changed in the engine since the last look."""
+
+    def __init__(self, from_end: bool) -> None:
+        self._from_end = from_end  # else a file first read past its start resumes a checkpoint
+        self._paths: dict[Identity, Path] = {}
+        self._ranks: set[int] = set()
+
+    def observe(self, engine: Engine) -> None:
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        for identity, source in engine.sources.items():
+            before, path = self._paths.get(identity), source.tail.path
+            if before is None:
+                offset = source.tail.offset
+                where = ("from the start" if not offset else f"from byte {offset}" if self._from_end
+                         else f"resuming at byte {offset} (checkpoint)")
+                log.debug("following %s as rank %d, %s", path, source.candidate.rank, where)
+            elif before != path:
+                log.debug("%s is now %s (rotated); reading it to the end", before, path)
+        for identity in self._paths.keys() - engine.sources.keys():
+            log.debug("let go of %s (gone, or renamed away and read to the end)", self._paths[identity])
+        self._paths = {identity: s.tail.path for identity, s in engine.sources.items()}
+        for rank_id in sorted(engine.ranks.keys() - self._ranks):
+            log.debug("rank %d found: writing %s", rank_id, engine.ranks[rank_id].writer.run_dir)
+        self._ranks = set(engine.ranks)

@@ -1,0 +1,139 @@
+"""What TensorBoard shows, through its HTTP API: text tags under their documented names, and a
+custom-scalars layout with a chart for every metric the runs have and none for the others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tensorboardX.proto import event_pb2
+from tensorboardX.summary import custom_scalars, text
+
+from sidecar import run_writer
+from sidecar.cli import main
+from sidecar.event_file import EventFileWriter
+from sidecar.event_scan import RunView, scan_run
+from sidecar.state import StateStore
+from tb_read import raw_points
+from tb_server import tensorboard
+
+DP2 = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output"
+MAIN = ["loss", "learning-rate", "grad-norm", "loss-scale", "iteration-time", "throughput",
+        "model-flops-throughput-per-npu"]  # the metrics the bundled 2-rank run has, loss first
+TEXTS = {"events/compile", "events/training-start", "events/training-over"}
+HEAD = ("[INFO] 2026-11-29 10:00:{s:02d},000 [mindformers/core/callback/callback.py:747] print_output_info: "
+        "{{ Epoch:[  1/  1], step:[{step:5d}/  100], loss: {loss:.6f}, per_step_time: 500ms, lr: 1e-05, "
+        "overflow cond: False, loss_scale: 1.0{norm}")
+BAR = ("[INFO] 2026-11-29 10:00:{s:02d},001 [mindformers/core/callback/callback.py:764] print_output_info: "
+       "  10.0% |█████      | 4.00000 samples/s/p  0:01:00 }}")
+
+
+def replay(src: Path, out: Path, *extra: str) -> None:
+    assert main(["replay", str(src), "--out", str(out), "--instance", "test", "--quiet", *extra]) == 0
+
+
+def layout_of(answer: object) -> list[tuple[str, list[str]]]:
+    """[(category, [chart titles])] of a ``/data/plugin/custom_scalars/layout`` answer."""
+    return [(c["title"], [chart["title"] for chart in c["chart"]]) for c in answer.get("category", [])]  # type: ignore[union-attr]
+
+
+def charts(metrics: list[str], band: bool = True) -> list[tuple[str, list[str]]]:
+    return [(m, [f"{m} (all ranks)"] + ([f"{m} (mean, min-max band)"] if band else [])) for m in metrics]
+
+
+def test_text_tags_and_layout_as_a_user_sees_them(tmp_path: Path) -> None:
+    out = tmp_path / "summary"
+    replay(DP2, out)
+    with tensorboard(out) as tb:
+        tags = tb.wait_for("/data/plugin/text/tags", lambda a: len(a) == 2)  # type: ignore[arg-type]
+        assert {run: set(t) for run, t in tags.items()} == {"rank_0": TEXTS, "rank_1": TEXTS}  # type: ignore[union-attr]
+        shown = tb.get("/data/plugin/text/text", run="rank_0", tag="events/compile")
+        assert [p["step"] for p in shown] == [0] and "compil" in shown[0]["text"].lower()  # type: ignore[index]
+
+        want = charts(MAIN)  # the separate losses this run never had get no chart
+        layout = tb.wait_for("/data/plugin/custom_scalars/layout", lambda a: layout_of(a) == want)
+        assert layout_of(layout) == want
+        # Every chart has data: each overlay one curve per rank, each band its aggregate.
+        for category in layout["category"]:  # type: ignore[index]
+            overlay, band = category["chart"]
+            for rank in ("rank_0", "rank_1"):
+                got = tb.get("/data/plugin/custom_scalars/scalars", run=rank, tag=overlay["multiline"]["tag"][0])
+                assert got["regex_valid"] and list(got["tag_to_events"]) == [category["title"]]
+                assert len(got["tag_to_events"][category["title"]]) == 200  # type: ignore[index]
+            series = band["margin"]["series"][0]
+            assert (series["value"], series["lower"], series["upper"]) == tuple(
+                f"{category['title']}/{s}" for s in ("mean", "min", "max"))
+            mean = tb.get("/data/plugin/scalars/scalars", run="aggregate/test", tag=series["value"])
+            assert len(mean) == 200  # type: ignore[arg-type]
+
+
+def test_per_rank_overlays_without_the_aggregate(tmp_path: Path) -> None:
+    out = tmp_path / "summary"
+    replay(DP2, out, "--no-aggregate")
+    assert not (out / "aggregate").exists()
+    with tensorboard(out) as tb:
+        want = charts(MAIN, band=False)
+        assert layout_of(tb.wait_for("/data/plugin/custom_scalars/layout", lambda a: layout_of(a) == want)) == want
+
+
+def write_log(path: Path, steps: range, with_norm: bool) -> None:
+    norm = ", global_norm: [0.5]" if with_norm else ""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        for step in steps:
+            fh.write(HEAD.format(s=step, step=step, loss=step / 10, norm=norm) + "\n" + BAR.format(s=step) + "\n")
+
+
+@pytest.mark.parametrize("load_fast", ["true", "false"])
+def test_the_layout_is_rewritten_when_a_metric_appears(tmp_path: Path, load_fast: str) -> None:
+    """The log prints no grad norm at first; a later replay finds it. TensorBoard shows the
+    newest layout of the run (both loaders), which now has the grad-norm charts too."""
+    logs, out = tmp_path / "logs", tmp_path / "summary"
+    for rank in (0, 1):
+        write_log(logs / f"rank_{rank}" / "info.log", range(1, 6), with_norm=False)
+    replay(logs, out)
+    for rank in (0, 1):
+        write_log(logs / f"rank_{rank}" / "info.log", range(6, 11), with_norm=True)
+    replay(logs, out)
+    layouts = raw_points(out / "layout" / "test")
+    assert layouts == {("custom_scalars__config__", 0): 1, ("custom_scalars__config__", 1): 1}
+    replay(logs, out)  # nothing new: no third layout
+    assert raw_points(out / "layout" / "test") == layouts
+    want = charts(["loss", "learning-rate", "grad-norm", "loss-scale", "iteration-time", "throughput"])
+    with tensorboard(out, load_fast) as tb:
+        assert layout_of(tb.wait_for("/data/plugin/custom_scalars/layout", lambda a: layout_of(a) == want)) == want
+
+
+def test_an_earlier_versions_layout_is_replaced(tmp_path: Path) -> None:
+    """Earlier versions wrote every metric's charts (8 of them empty here) into the aggregate run at
+    step 0; TensorBoard would merge them in, first. The aggregate now replaces it with an empty one."""
+    out = tmp_path / "summary"
+    old = {f"{m} (all ranks)": ["Multiline", [f"^{m}$"]] for m in MAIN + ["lm-loss", "mtp-loss"]}
+    writer = EventFileWriter(out / "aggregate" / "test", 0.0)
+    writer.write(event_pb2.Event(wall_time=0.0, step=0, summary=custom_scalars({"mstb-sidecar: ranks": old})))
+    writer.close()
+    replay(DP2, out)
+    with tensorboard(out) as tb:
+        want = charts(MAIN)
+        assert layout_of(tb.wait_for("/data/plugin/custom_scalars/layout", lambda a: layout_of(a) == want)) == want
+
+
+def test_a_run_written_with_the_old_text_names_gets_no_text_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Earlier versions wrote ``events/compile`` as ``events/compile/text_summary``. Reading such
+    a run again from scratch (no checkpoint) must recognise those texts under the new name."""
+    out = tmp_path / "summary"
+    with monkeypatch.context() as m:  # the earlier version's text values
+        m.setattr(run_writer, "text_value", lambda tag, value: text(tag, value).value[0])
+        replay(DP2, out)
+    before = raw_points(out / "rank_0")
+    assert {t for t, _ in before if t.startswith("events/")} == {f"{t}/text_summary" for t in TEXTS}
+    # A restart from that version's checkpoint: its watermarks name the texts the old way.
+    run = StateStore(out, "test").load().runs["0"]
+    assert "events/compile/text_summary" in run.watermarks
+    view = scan_run(out / "rank_0", RunView(run.watermarks, run.file, run.size))
+    assert {t: view.watermarks[t] for t in TEXTS} == {t: run.watermarks[f"{t}/text_summary"] for t in TEXTS}
+    # A restart without it reads the run: the same.
+    StateStore(out, "test").forget()
+    replay(DP2, out)
+    assert raw_points(out / "rank_0") == before

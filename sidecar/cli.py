@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from sidecar import __version__
-from sidecar.config import ConfigError, SidecarConfig, check_paths, load_config, prepare_out
-from sidecar.lock import LockError, hold
-from sidecar.logsetup import setup_logging
+from sidecar.service.config import ConfigError, SidecarConfig, check_paths, load_config, prepare_out
+from sidecar.output.lock import LockError, hold
+from sidecar.service.logsetup import setup_logging
 
 EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK = 0, 1, 2, 3, 4
 EXIT_CODES = f"""exit codes:
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if command != "watch":  # live mode waits for paths that do not exist yet
             check_paths(config)
         if command == "check":
-            from sidecar.check import run_check
+            from sidecar.service.check import run_check
 
             return EXIT_OK if run_check(config, sys.stdout) else EXIT_CHECK
         prepare_out(config.out)
@@ -150,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, LockError) as exc:
         parser.exit(EXIT_USAGE, "".join(f"{parser.prog}: error: {line}\n" for line in str(exc).splitlines()))
     _raise_fd_limit()
-    from sidecar.daemon import MetricsUnavailable
+    from sidecar.service.daemon import MetricsUnavailable
 
     try:
         if command == "replay":
-            from sidecar.replay import run_replay
+            from sidecar.service.replay import run_replay
 
             return run_replay(config)
-        from sidecar.daemon import run_daemon
+        from sidecar.service.daemon import run_daemon
 
         return run_daemon(config)
     except MetricsUnavailable as exc:

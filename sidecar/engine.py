@@ -6,14 +6,14 @@
 Invariant: every (rank, tag, step) reaches its run's event files exactly once, however often
 the engine is stopped, killed or restarted, and in whatever order overlapping files
 (``info.log`` and ``worker_N.log``, attempt directories) are read; every step record read is
-written or counted under a named reason (:mod:`sidecar.accounting`). What gives it:
+written or counted under a named reason (:mod:`sidecar.analysis.accounting`). What gives it:
 
 1. a checkpointed offset never passes a line whose record is not yet durably written (offsets
    are the start of the oldest held or unprocessed line; writers are synced before the state
    is saved), and a state that does not match the runs on disk is not trusted;
-2. chains are read in the order their data gives (:mod:`sidecar.chains`) and the rank
+2. chains are read in the order their data gives (:mod:`sidecar.following.chains`) and the rank
    sequencer judges each record by position and identity, never by clock
-   (:mod:`sidecar.sequencer`);
+   (:mod:`sidecar.analysis.sequencer`);
 3. a run writer never writes a (tag, step) its directory already shows, even if that was written
    after the last checkpoint.
 
@@ -39,18 +39,18 @@ from pathlib import Path
 
 from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, PipelineLine, Record
-from sidecar.accounting import Accounting, Reason
-from sidecar.aggregate import CrossRankAggregator
-from sidecar.alerts import Alerts
-from sidecar.chains import LATE, Chain, Stream, first_record, text_of
-from sidecar.discovery import Candidate, discover
-from sidecar.event_scan import RunView
-from sidecar.layout import LayoutRun
-from sidecar.ms_follow import SummaryFollower
-from sidecar.run_writer import RunWriter
-from sidecar.sequencer import RankSequencer, Verdict
-from sidecar.state import FileState, RunState, State, StateStore, StreamState, instance_name, runs_match
-from sidecar.tailer import FileTail, Identity
+from sidecar.analysis.accounting import Accounting, Reason
+from sidecar.analysis.aggregate import CrossRankAggregator
+from sidecar.analysis.alerts import Alerts
+from sidecar.following.chains import LATE, Chain, Stream, first_record, text_of
+from sidecar.following.discovery import Candidate, discover
+from sidecar.output.event_scan import RunView
+from sidecar.output.layout import LayoutRun
+from sidecar.mindspore.ms_follow import SummaryFollower
+from sidecar.output.run_writer import RunWriter
+from sidecar.analysis.sequencer import RankSequencer, Verdict
+from sidecar.output.state import FileState, RunState, State, StateStore, StreamState, instance_name, runs_match
+from sidecar.following.tailer import FileTail, Identity
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class Engine:
 
     def _order_chains(self) -> None:
         """Give new chains their place: by their first training step before the first read,
-        last (in the order found) once reading has begun; see :mod:`sidecar.chains`."""
+        last (in the order found) once reading has begun; see :mod:`sidecar.following.chains`."""
         unordered: dict[str, list[Source]] = {}
         for source in self.sources.values():
             if source.chain.order is None:

@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from parsers import tags
 from parsers.records import Record
-from sidecar.run_writer import RunWriter
+from sidecar.output.run_writer import RunWriter
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 from parsers.records import ParallelConfigLine, PipelineLine, Record
-from sidecar.aggregate import CrossRankAggregator
-from sidecar.state import State, StateStore
+from sidecar.analysis.aggregate import CrossRankAggregator
+from sidecar.output.state import State, StateStore
 from tb_read import raw_points, same_float32, scalars, texts
 
 

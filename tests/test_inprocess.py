@@ -35,7 +35,7 @@ from mindspore.train.callback import RunContext, _InternalCallbackParam  # noqa:
 from parsers.records import Record  # noqa: E402
 from sidecar import inprocess  # noqa: E402
 from sidecar.inprocess import TensorBoardCallback, summary_collector  # noqa: E402
-from sidecar.ms_summary import MsSummaryFile, find_summary_files  # noqa: E402
+from sidecar.mindspore.ms_summary import MsSummaryFile, find_summary_files  # noqa: E402
 
 BATCH, SINK = 4, 4
 

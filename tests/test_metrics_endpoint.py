@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import __version__, metrics
+from sidecar import __version__
+from sidecar.service import metrics
 from sidecar.engine import Engine, Settings
-from sidecar.notify import Notifier
+from sidecar.service.notify import Notifier
 from tb_server import free_port
 
 DP2 = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output"

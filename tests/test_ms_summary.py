@@ -29,8 +29,8 @@ from tensorboard.util import tensor_util
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.proto.summary_pb2 import Summary
 
-from sidecar.ms_summary import ConvertedEvent, MsSummaryFile, find_summary_files, read_lineage
-from sidecar.tfrecord import frame, iter_records
+from sidecar.mindspore.ms_summary import ConvertedEvent, MsSummaryFile, find_summary_files, read_lineage
+from sidecar.output.tfrecord import frame, iter_records
 
 pytestmark = pytest.mark.mindspore
 

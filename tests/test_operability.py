@@ -118,7 +118,7 @@ def test_journald_gets_no_timestamps_and_json_is_one_object_per_line(tmp_path: P
     proc = subprocess.run([*EXE, "replay", str(log), "--out", str(tmp_path / "b"), "--log-format", "json"],
                           capture_output=True, text=True, timeout=120)
     entries = [json.loads(line) for line in proc.stderr.splitlines()]
-    assert len(entries) == 1 and entries[0]["level"] == "warning" and entries[0]["logger"] == "sidecar.replay"
+    assert len(entries) == 1 and entries[0]["level"] == "warning" and entries[0]["logger"] == "sidecar.service.replay"
     assert entries[0]["message"].startswith("no mindformers step record was recognised in the 1 line(s)")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}", entries[0]["time"])
 

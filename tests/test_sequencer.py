@@ -1,4 +1,4 @@
-"""Unit tests of :class:`sidecar.sequencer.RankSequencer`: one per row of its verdict table.
+"""Unit tests of :class:`sidecar.analysis.sequencer.RankSequencer`: one per row of its verdict table.
 
 Records are judged by position in their chain and by identity; timestamps going back never
 change a verdict (the end-to-end cases are in ``test_clock_and_order.py``).
@@ -7,7 +7,7 @@ change a verdict (the end-to-end cases are in ``test_clock_and_order.py``).
 from __future__ import annotations
 
 from parsers.records import Record
-from sidecar.sequencer import WINDOW, ChainCursor, RankSequencer, Verdict, record_identity
+from sidecar.analysis.sequencer import WINDOW, ChainCursor, RankSequencer, Verdict, record_identity
 
 T0 = 1_800_000_000.0
 

@@ -1,4 +1,4 @@
-"""The restart check of :class:`sidecar.tailer.FileTail`: a restored offset is kept for a file that
+"""The restart check of :class:`sidecar.following.tailer.FileTail`: a restored offset is kept for a file that
 was only appended to, and dropped for one that was rewritten."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.tailer import HEAD_BYTES, FileTail
+from sidecar.following.tailer import HEAD_BYTES, FileTail
 
 
 def _checkpoint(path: Path) -> tuple[int, str, str]:

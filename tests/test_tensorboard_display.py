@@ -10,11 +10,11 @@ import pytest
 from tensorboardX.proto import event_pb2
 from tensorboardX.summary import custom_scalars, text
 
-from sidecar import run_writer
+from sidecar.output import run_writer
 from sidecar.cli import main
-from sidecar.event_file import EventFileWriter
-from sidecar.event_scan import RunView, scan_run
-from sidecar.state import StateStore
+from sidecar.output.event_file import EventFileWriter
+from sidecar.output.event_scan import RunView, scan_run
+from sidecar.output.state import StateStore
 from tb_read import raw_points
 from tb_server import tensorboard
 

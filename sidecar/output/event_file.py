@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tensorboardX.proto import event_pb2
 
-from sidecar.tfrecord import frame
+from sidecar.output.tfrecord import frame
 
 PREFIX = "events.out.tfevents."
 _NAME = re.compile(r"events\.out\.tfevents\.(\d+)\.")

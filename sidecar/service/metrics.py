@@ -7,7 +7,7 @@
 - ``/readyz``: 200 once the first scan is done, 503 before.
 - anything else: 404, so a typo in a scrape or probe config is seen, not answered with metrics.
 
-Health is what the main loop tells systemd (:class:`sidecar.notify.Notifier`), so the probes
+Health is what the main loop tells systemd (:class:`sidecar.service.notify.Notifier`), so the probes
 and the watchdog never disagree. The endpoint binds to 127.0.0.1 unless ``--metrics-host``
 says otherwise.
 """
@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sidecar import __version__
 from sidecar.engine import Engine
-from sidecar.notify import Notifier
+from sidecar.service.notify import Notifier
 
 STALE_AFTER = 30.0  # without a systemd watchdog: three of the main loop's longest waits (10 s)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TextIO
 
 from parsers.rank_labels import RankRouter
-from sidecar.chains import PEEK_BYTES, Stream, text_of
-from sidecar.config import SidecarConfig
-from sidecar.discovery import Candidate, discover
+from sidecar.following.chains import PEEK_BYTES, Stream, text_of
+from sidecar.service.config import SidecarConfig
+from sidecar.following.discovery import Candidate, discover
 
 
 @dataclass

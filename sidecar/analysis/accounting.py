@@ -27,7 +27,7 @@ from collections import Counter
 from enum import Enum
 from pathlib import Path
 
-from sidecar.discovery import rank_of
+from sidecar.following.discovery import rank_of
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Accounting:
                     extra={"rate_key": "unreadable"})
 
     def directories(self, unlisted: dict[Path, OSError], default_rank: int) -> None:
-        """The directories one discovery pass could not list (see :mod:`sidecar.discovery`)."""
+        """The directories one discovery pass could not list (see :mod:`sidecar.following.discovery`)."""
         for path in self._unlisted - unlisted.keys():
             self.readable(path)
         self._unlisted = set(unlisted)

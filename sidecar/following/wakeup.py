@@ -40,7 +40,7 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import ObservedWatch
 
-from sidecar.discovery import linked_dirs
+from sidecar.following.discovery import linked_dirs
 
 log = logging.getLogger(__name__)
 

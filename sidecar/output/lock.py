@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from sidecar.state import STATE_DIR, instance_name
+from sidecar.output.state import STATE_DIR, instance_name
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ reading, and offsets only advance past what was written. Each iteration:
 The wait is also never longer than half of systemd's ``WatchdogSec`` (``$WATCHDOG_USEC``), so
 an idle sidecar pings in time however low an admin sets it, nor than the next status line.
 
-A ``--watch`` path that does not exist yet is waited for (:class:`sidecar.status.Waiting`): the
+A ``--watch`` path that does not exist yet is waited for (:class:`sidecar.service.status.Waiting`): the
 sidecar is READY at once, so a training unit ordered after it can start and create it.
 
 SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, exit 0.
@@ -40,15 +40,15 @@ import time
 from dataclasses import replace
 from types import FrameType
 
-from sidecar.config import SidecarConfig
+from sidecar.service.config import SidecarConfig
 from sidecar.engine import Engine, Settings
-from sidecar.event_file import OutputLost
-from sidecar.lock import hold
-from sidecar.notify import Notifier
-from sidecar.replay import settings_from
-from sidecar.state import StateStore
-from sidecar.status import Decisions, Waiting, status_line
-from sidecar.wakeup import WakeUp
+from sidecar.output.event_file import OutputLost
+from sidecar.output.lock import hold
+from sidecar.service.notify import Notifier
+from sidecar.service.replay import settings_from
+from sidecar.output.state import StateStore
+from sidecar.service.status import Decisions, Waiting, status_line
+from sidecar.following.wakeup import WakeUp
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def run_daemon(config: SidecarConfig) -> int:
     signals = _Signals(wake.event)
     collector = None
     if config.metrics_port is not None:
-        from sidecar.metrics import serve
+        from sidecar.service.metrics import serve
 
         try:
             collector = serve(engine, config.metrics_host, config.metrics_port, notifier)

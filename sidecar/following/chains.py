@@ -28,7 +28,7 @@ from parsers.line import parse_message
 from parsers.prefix import PrefixSplitter
 from parsers.rank_labels import RankRouter
 from parsers.records import MalformedLine, ParsedLine, Record
-from sidecar.sequencer import ChainCursor
+from sidecar.analysis.sequencer import ChainCursor
 
 PEEK_BYTES = 4 << 20  # how far ahead a chain's first training step is looked for
 PEEK_PIECE = 64 << 10

@@ -1,7 +1,7 @@
 """What the live sidecar tells an operator: the status line, paths it waits for, its decisions.
 
 The status line (systemd's ``STATUS=``, the periodic log line, SIGUSR1) is built from the engine's
-own counters (:mod:`sidecar.accounting`), so it never disagrees with the replay summary or the
+own counters (:mod:`sidecar.analysis.accounting`), so it never disagrees with the replay summary or the
 metrics endpoint. ``-v`` logs the sidecar's decisions (a file followed, renamed, let go; a rank
 found), read off the engine between iterations, rather than the file events that led to them.
 """
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from sidecar.engine import Engine
-from sidecar.tailer import Identity
+from sidecar.following.tailer import Identity
 
 log = logging.getLogger(__name__)
 

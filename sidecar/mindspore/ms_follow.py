@@ -3,7 +3,7 @@
 A summary directory is one run, named after the directory: mindformers' ``output/summary/rank_N``
 becomes ``rank_N`` and shares that rank's run writer, so the converted ``loss/auto`` sits beside the
 log-derived curves of the rank (tags differ, so one writer per run keeps every rule of
-:mod:`sidecar.run_writer`). Offsets are checkpointed with the log offsets; re-converted records
+:mod:`sidecar.output.run_writer`). Offsets are checkpointed with the log offsets; re-converted records
 after a crash are dropped by the run writer's watermarks. The ``_lineage`` file's training
 parameters become one text event ``lineage`` at the run's newest step whenever the file grows.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from parsers.records import Record
 from parsers.tags import sanitize_tag
-from sidecar.ms_summary import MsSummaryFile, read_lineage
-from sidecar.run_writer import RunWriter
+from sidecar.mindspore.ms_summary import MsSummaryFile, read_lineage
+from sidecar.output.run_writer import RunWriter
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from sidecar.aggregate import AggregateState
-from sidecar.event_file import vanished
+from sidecar.analysis.aggregate import AggregateState
+from sidecar.output.event_file import vanished
 
 log = logging.getLogger(__name__)
 

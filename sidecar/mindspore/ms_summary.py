@@ -25,8 +25,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 from tensorboardX.proto.summary_pb2 import HistogramProto, Summary
 
-from sidecar.discovery import SUMMARY_NAME
-from sidecar.tfrecord import CorruptRecord, iter_records
+from sidecar.following.discovery import SUMMARY_NAME
+from sidecar.output.tfrecord import CorruptRecord, iter_records
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ Memory is bounded: identities are remembered for the last :data:`WINDOW` records
 superseded. Older ones are looked up in the run's event files, and only for the first record
 of a chain (that one question decides whether the chain is a copy or a continuation); the
 engine orders a rank's chains so that copies are read after what they copy (see
-:mod:`sidecar.chains`). A record without a timestamp has no identity beyond its step and values.
+:mod:`sidecar.following.chains`). A record without a timestamp has no identity beyond its step and values.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import textwrap
 from collections import Counter
 
 from parsers import tags
-from sidecar.accounting import Reason
-from sidecar.aggregate import _ranks_text
+from sidecar.analysis.accounting import Reason
+from sidecar.analysis.aggregate import _ranks_text
 from sidecar.engine import Engine
 
 WIDTH = 100

@@ -30,7 +30,7 @@ all of this. For ``iteration-time`` the slowest rank is recorded too.
 
 The run is ``aggregate/<instance>``: sidecars on several nodes sharing one ``--out`` each write
 their own, over the ranks they follow. The custom-scalars layout that charts it is in a run of
-its own (:mod:`sidecar.layout`); an earlier version's layout in this run is replaced by an empty
+its own (:mod:`sidecar.output.layout`); an earlier version's layout in this run is replaced by an empty
 one, or TensorBoard would merge its charts (for every metric, present or not) into the new ones.
 """
 
@@ -48,7 +48,7 @@ from tensorboardX.summary import custom_scalars
 
 from parsers import tags
 from parsers.records import ParallelConfigLine, PipelineLine, Record
-from sidecar.run_writer import RunWriter
+from sidecar.output.run_writer import RunWriter
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ class Candidate:
     """A file to follow. ``chain`` groups a live log with its rotated backups.
 
     ``ranked``: the rank comes from the path (not the default); ``summary``: a MindSpore
-    summary file (converted by :mod:`sidecar.ms_follow`), not a log.
+    summary file (converted by :mod:`sidecar.mindspore.ms_follow`), not a log.
     """
 
     path: Path

@@ -1,6 +1,6 @@
 """The custom-scalars layout (TensorBoard's "Custom Scalars" tab), in a run of its own.
 
-One category per metric, in :data:`sidecar.aggregate.AGGREGATED` order (loss first), each with
+One category per metric, in :data:`sidecar.analysis.aggregate.AGGREGATED` order (loss first), each with
 "all ranks" (every rank's ``<tag>`` overlaid) and, next to it, "mean, min-max band" (the
 aggregate's ``<tag>/mean`` between ``/min`` and ``/max``). A chart is there only for a tag a run
 has: an empty "Matches (0)" chart says nothing.
@@ -23,10 +23,10 @@ from pathlib import Path
 from tensorboardX.proto import event_pb2, layout_pb2, summary_pb2
 from tensorboardX.summary import custom_scalars
 
-from sidecar.aggregate import AGGREGATED
-from sidecar.event_file import event_files
-from sidecar.run_writer import RunWriter
-from sidecar.tfrecord import CorruptRecord, iter_records
+from sidecar.analysis.aggregate import AGGREGATED
+from sidecar.output.event_file import event_files
+from sidecar.output.run_writer import RunWriter
+from sidecar.output.tfrecord import CorruptRecord, iter_records
 
 LAYOUT_TAG = "custom_scalars__config__"  # the tag TensorBoard's custom_scalars plugin reads
 OVERLAY = "all ranks"

@@ -2,12 +2,12 @@
 
 Contract: within the current segment, a (tag, step) is written at most once and steps per tag
 strictly increase, so both TensorBoard loaders show every point exactly once. Each writer start
-opens a new event file (see :mod:`sidecar.event_file`) that begins with one ``SessionLog.START``:
+opens a new event file (see :mod:`sidecar.output.event_file`) that begins with one ``SessionLog.START``:
 at ``max written step + 1`` on a plain (re)start, which purges nothing, or at the resume step when
 training went back to an earlier checkpoint, which makes TensorBoard's Python loader discard the
 stale tail exactly as its Rust loader does by per-tag preemption.
 
-Watermarks come from the run directory itself (:func:`sidecar.event_scan.scan_run`), so events
+Watermarks come from the run directory itself (:func:`sidecar.output.event_scan.scan_run`), so events
 written before a crash but after the last offset checkpoint are not written a second time.
 
 Deleted output: :meth:`RunWriter.sync`, the barrier before every checkpoint, checks that what
@@ -29,9 +29,9 @@ from tensorboardX.proto.tensor_pb2 import TensorProto
 from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
 
 from parsers.records import Record
-from sidecar.event_file import EventFileWriter, OutputLost, vanished
-from sidecar.event_scan import TEXT_PLUGIN, RunView, run_holds, scan_run
-from sidecar.sequencer import Identity
+from sidecar.output.event_file import EventFileWriter, OutputLost, vanished
+from sidecar.output.event_scan import TEXT_PLUGIN, RunView, run_holds, scan_run
+from sidecar.analysis.sequencer import Identity
 
 RESUME_TAG = "events/resume"
 
@@ -140,7 +140,7 @@ def text_value(tag: str, text: str) -> summary_pb2.Summary.Value:
 
     tensorboardX's ``text()`` would append ``/text_summary`` to the tag; the README documents
     the plain names (``events/compile``). Runs written that way are read back under the plain
-    name (:data:`sidecar.event_scan.LEGACY_TEXT_SUFFIX`), so no text is written twice.
+    name (:data:`sidecar.output.event_scan.LEGACY_TEXT_SUFFIX`), so no text is written twice.
     """
     tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")],
                          tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))

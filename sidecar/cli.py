@@ -90,15 +90,24 @@ def _watch_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _replay_parser() -> argparse.ArgumentParser:
+def _paths_parser(command: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand that takes the paths to read as positional arguments."""
     parser = argparse.ArgumentParser(
-        prog="mstb-sidecar replay",
-        description="Read mindformers logs once into per-rank TensorBoard runs, print a summary, exit. "
-        "Running it again adds only what is new.",
+        prog=f"mstb-sidecar {command}",
+        description=description,
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="training output directories or log files")
+    return parser
+
+
+def _replay_parser() -> argparse.ArgumentParser:
+    parser = _paths_parser(
+        "replay",
+        "Read mindformers logs once into per-rank TensorBoard runs, print a summary, exit. "
+        "Running it again adds only what is new.",
+    )
     _common(parser)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (it only shows on a terminal anyway)")
@@ -106,14 +115,11 @@ def _replay_parser() -> argparse.ArgumentParser:
 
 
 def _check_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mstb-sidecar check",
-        description="Dry run: list the files the sidecar would follow under PATH..., each with its rank and "
+    parser = _paths_parser(
+        "check",
+        "Dry run: list the files the sidecar would follow under PATH..., each with its rank and "
         "detected mindformers format, and what is unreadable or not recognised. Writes nothing.",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="training output directories or log files")
     parser.add_argument("--config", type=Path, help="YAML file with --rank / --rank-pattern (command line wins)")
     parser.add_argument("--rank", type=int, help="rank of files whose path names none (default 0)")
     parser.add_argument("--rank-pattern", help="regex with a named group 'rank' for combined streams")

@@ -2,7 +2,7 @@
 
 For users who can change their training script and want more than the log shows. The callback
 writes the daemon's tags (:mod:`parsers.tags`) through the daemon's writer
-(:class:`sidecar.run_writer.RunWriter`), so its runs overlay the sidecar's and mindformers' own.
+(:class:`sidecar.output.run_writer.RunWriter`), so its runs overlay the sidecar's and mindformers' own.
 
 This module imports MindSpore (install the ``mindspore`` extra). The callback has to subclass
 ``mindspore.train.Callback``, because ``Model.train`` and mindformers' ``Trainer`` accept only such
@@ -14,9 +14,9 @@ stay MindSpore-free.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ try:
     from mindspore import nn, ops
     from mindspore.communication import get_rank
     from mindspore.nn.learning_rate_schedule import LearningRateSchedule
+    from mindspore.nn.optim.optimizer import _ConvertToCell, _IteratorLearningRate
     from mindspore.train import Callback, RunContext, SummaryCollector
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("sidecar.inprocess needs MindSpore: pip install 'mstb-sidecar[mindspore]'") from exc
@@ -38,28 +39,37 @@ from sidecar.output.run_writer import RunWriter
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
-STOP_TIMEOUT = 30.0  # seconds the end of training waits for the writer to drain
+STOP_TIMEOUT = 30.0  # seconds the end of training waits for the writer, at most
+WRITE_INTERVAL = 0.25  # seconds between the writer's batches: it wakes per batch, never per point
+_BLOCK = 8  # learning rates evaluated per graph call (see _Rate)
 _COLLECT_FREQS = (10, 50, 100, 200, 500)
 
 
 class TensorBoardCallback(Callback):
     """Write ``loss``, ``learning-rate``, ``grad-norm``, ``throughput``, ``iteration-time`` per step.
 
-    Output goes to ``out_dir/rank_<rank>`` at the global step ``cur_step_num``, every ``every``
-    steps (the first step at least ``every`` after the last written one, like mindformers'
-    ``per_print_times``). The training thread only reads the values; a background thread
-    writes them through a queue of ``queue_size`` points. When the queue is full, points are
-    dropped and counted in ``dropped`` (one warning), never waited for. A writer error is logged
-    once and sets ``disabled``; training goes on without the callback.
+    Output goes to ``out_dir/rank_<rank>`` (``out_dir`` made absolute here, so a later ``chdir``
+    cannot move it), every ``every`` steps (the first step at least ``every`` after the last
+    written one, like mindformers' ``per_print_times``). The training thread only reads the
+    values and appends them to a list of at most ``queue_size`` points; a background thread
+    writes them in batches every ``WRITE_INTERVAL``. When the list is full, points are dropped
+    and counted in ``dropped`` (one warning), never waited for. A writer error is logged once and
+    sets ``disabled``; training goes on without the callback. Both are per ``model.train``: the
+    next training with the same callback starts afresh.
+
+    Step: ``cur_step_num`` plus the optimizer's ``global_step`` at the start of the training
+    (minus ``cur_step_num`` there), i.e. mindformers' global step: a resumed or second-stage
+    training with the same optimizer continues the curve; one with a new optimizer restarts at
+    step 1 and supersedes the old points from there.
 
     - ``loss``: mean of the network output (its first element if a tuple), as SummaryCollector.
     - ``learning-rate``: the train network's own output when it reports one (mindformers'
-      ``(loss, overflow, loss_scale, lr, global_norm, ...)``), else the optimizer's schedule
-      at ``cur_step_num - 1``, i.e. the rate applied in this step (group 0 for grouped rates).
+      ``(loss, overflow, loss_scale, lr, global_norm, ...)``), else the rate of the optimizer's
+      latest update, its schedule at ``global_step - 1`` (group 0 for grouped rates).
     - ``grad-norm``: from that same output, or with ``compute_grad_norm=True`` recomputed before
       the step on its batch (one extra forward and backward per written step; the local,
-      unclipped gradient; not available in sink mode).
+      unclipped gradient; not available in sink mode). The network's parameters that the
+      optimizer does not update (batch-norm statistics) are put back afterwards, bit for bit.
     - ``iteration-time`` (ms) and ``throughput`` (samples/s per device, ``batch_size`` / step
       seconds; ``batch_size`` defaults to the dataset's): wall time per step since the previous
       point, data loading and callbacks included, so in sink mode the sink time / sink size. Both
@@ -73,7 +83,7 @@ class TensorBoardCallback(Callback):
         super().__init__()
         if every < 1 or queue_size < 1:
             raise ValueError("every and queue_size must be >= 1")
-        self.out_dir = Path(out_dir)
+        self.out_dir = Path(out_dir).absolute()
         self.every = every
         self.batch_size = batch_size
         self.compute_grad_norm = compute_grad_norm
@@ -82,22 +92,40 @@ class TensorBoardCallback(Callback):
         self.run_dir: Path | None = None
         self.dropped = 0
         self.disabled = False
-        self._queue: queue.Queue[Any] = queue.Queue(queue_size)
+        self._contexts = 0  # open ``with`` blocks: Model.fit's evaluation nests one in the training's
+        self._pending: deque[Record] = deque()
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._hung: threading.Thread | None = None  # a writer that outlived STOP_TIMEOUT
         self._samples = 0
+        self._offset = 0
         self._last_written = 0
         self._last_time = 0.0
+        self._rate: _Rate | None = None
+        self._norm_on = False
         self._norm_fn: _GradNorm | None = None
         self._norm: float | None = None
+
+    def __enter__(self) -> TensorBoardCallback:
+        self._contexts += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Only the outermost block ends the training (also when it raised): leaving the one that
+        # Model.fit opens around each evaluation must not stop the writer.
+        self._contexts = max(self._contexts - 1, 0)
+        if not self._contexts:
+            self._stop()
 
     def on_train_begin(self, run_context: RunContext) -> None:
         # Starts the thread here, not in __enter__: SummaryCollector forks its writer process in
         # its __enter__, and forking is only safe before other threads exist.
+        self.disabled, self.dropped = False, 0
         self._guard(self._begin, run_context.original_args())
 
     def on_train_step_begin(self, run_context: RunContext) -> None:
         cb = run_context.original_args()
-        if self.compute_grad_norm and not self.disabled and self._due(cb.cur_step_num):
+        if self._norm_on and not self.disabled and self._due(cb.cur_step_num):
             self._norm = self._grad_norm(cb)
 
     def on_train_step_end(self, run_context: RunContext) -> None:
@@ -105,9 +133,6 @@ class TensorBoardCallback(Callback):
 
     def on_train_end(self, run_context: RunContext) -> None:
         self._stop()
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop()  # also when training raised
 
     def _guard(self, fn: Callable[[Any], None], cb: Any) -> None:
         """Run ``fn`` unless disabled; an error disables the callback rather than the training."""
@@ -120,12 +145,20 @@ class TensorBoardCallback(Callback):
             self.disabled = True
 
     def _begin(self, cb: Any) -> None:
+        if self._hung is not None and self._hung.is_alive():
+            raise RuntimeError(f"the previous training's writer is still stuck writing {self.run_dir}")
         self.run_dir = self.out_dir / f"rank_{get_rank() if self.rank is None else self.rank}"
         self._samples = self.batch_size or cb.train_dataset.get_batch_size()
+        optimizer = cb.optimizer or getattr(cb.train_network, "optimizer", None)
+        self._rate = _Rate(optimizer, self._rate)
+        applied = self._rate.global_step()
+        self._offset = applied - cb.cur_step_num if applied is not None and applied > cb.cur_step_num else 0
+        self._norm_on = self.compute_grad_norm
         self._last_written, self._last_time = cb.cur_step_num, time.perf_counter()
-        self._queue = queue.Queue(self.queue_size)
+        self._pending, self._stopping = deque(), threading.Event()
         self._thread = threading.Thread(target=self._write_loop, name="mstb-tensorboard", daemon=True,
-                                        args=(self.run_dir, cb.cur_step_num + 1, self._queue))
+                                        args=(self.run_dir, cb.cur_step_num + self._offset + 1,
+                                              self._pending, self._stopping))
         self._thread.start()
 
     def _due(self, step: int) -> bool:
@@ -140,76 +173,177 @@ class TensorBoardCallback(Callback):
         seconds = (now - self._last_time) / (step - self._last_written)
         scalars = {tags.LOSS: loss, tags.ITERATION_TIME: seconds * 1000.0,
                    tags.THROUGHPUT: self._samples / seconds}
-        if lr is None:
-            lr = _scheduled_lr(cb.optimizer or getattr(cb.train_network, "optimizer", None), step)
+        if lr is None and self._rate is not None:
+            lr = self._rate.applied()
         if norm is not None:
-            self.compute_grad_norm = False  # the network reports it: no extra pass
+            self._norm_on = False  # the network reports it: no extra pass
         norm, self._norm = (self._norm if norm is None else norm), None
         for tag, value in ((tags.LEARNING_RATE, lr), (tags.GRAD_NORM, norm)):
             if value is not None:
                 scalars[tag] = value
         self._last_written, self._last_time = step, now
-        self._put(Record(step, time.time(), scalars, training_step=True))
+        self._put(Record(step + self._offset, time.time(), scalars, training_step=True))
 
     def _grad_norm(self, cb: Any) -> float | None:
         try:
             if cb.dataset_sink_mode:
                 raise RuntimeError("sink mode keeps the step's batch on the device")
-            if self._norm_fn is None:
-                optimizer = cb.optimizer or cb.train_network.optimizer
-                self._norm_fn = _GradNorm(cb.train_network.network, optimizer.parameters)
-            return _scalar(self._norm_fn(*cb.train_dataset_element))
+            loss_net = cb.train_network.network
+            weights = (cb.optimizer or cb.train_network.optimizer).parameters
+            if self._norm_fn is None or not self._norm_fn.measures(loss_net, weights):
+                self._norm_fn = _GradNorm(loss_net, weights)  # a reused callback: a new network
+            return self._norm_fn(*cb.train_dataset_element)
         except Exception as exc:
-            log.warning("compute_grad_norm is off: %s", exc)
-            self.compute_grad_norm = False
+            log.warning("compute_grad_norm is off for this training: %s", exc)
+            self._norm_on = False
             return None
 
     def _put(self, record: Record) -> None:
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
-            if self.dropped == 1:
-                log.warning("TensorBoard writer is behind: dropping points (queue of %d full), "
-                            "training is not slowed", self.queue_size)
+        # A deque append: no lock and no wake-up of the writer, which would take the GIL per point.
+        if len(self._pending) < self.queue_size:
+            self._pending.append(record)
+            return
+        self.dropped += 1
+        if self.dropped == 1:
+            log.warning("TensorBoard writer is behind: dropping points (%d waiting), training is not slowed",
+                        self.queue_size)
 
-    def _write_loop(self, run_dir: Path, first_step: int, points: queue.Queue[Any]) -> None:
-        """Writer thread: owns the RunWriter (its directory scan is I/O too) and its own queue."""
+    def _write_loop(self, run_dir: Path, first_step: int, pending: deque[Record],
+                    stopping: threading.Event) -> None:
+        """Writer thread: owns the RunWriter (its directory scan is I/O too) and its own list."""
         writer: RunWriter | None = None
         try:
             writer = RunWriter(run_dir)
             if writer.max_step >= first_step:  # restarted from an earlier step: supersede the tail
                 writer.resume(first_step, time.time(),
                               f"training restarted at step {first_step}; earlier points from this step on were superseded")
-            while (item := points.get()) is not _STOP:
-                writer.write(item)
-                if points.empty():
+            while True:
+                last = stopping.wait(WRITE_INTERVAL)
+                if pending:
+                    while pending:
+                        writer.write(pending.popleft())
                     writer.flush()
+                if last:
+                    break
             writer.close()
         except Exception:
-            log.exception("TensorBoard writer for %s failed; the callback is off, training goes on", run_dir)
+            log.exception("TensorBoard writer for %s failed; the callback is off for the rest of this "
+                          "training, training goes on", run_dir)
             self.disabled = True
             if writer is not None:
                 writer.abandon()
 
     def _stop(self) -> None:
-        """Let the writer drain and close; bounded, so a hung disk cannot hang the end of training."""
+        """Let the writer drain and close, waiting at most STOP_TIMEOUT (a hung disk must not hang
+        the end of training) and not at all for a writer that already died."""
         thread, self._thread = self._thread, None
         if thread is None:
             return
-        try:
-            self._queue.put(_STOP, timeout=STOP_TIMEOUT)
-        except queue.Full:
-            pass  # the writer is dead or stuck; the join below times out too
+        self._stopping.set()
         thread.join(STOP_TIMEOUT)
         if thread.is_alive():
+            self._hung = thread
             log.warning("TensorBoard writer for %s did not finish in %.0f s", self.run_dir, STOP_TIMEOUT)
         if self.dropped:
             log.warning("TensorBoard callback dropped %d points for %s", self.dropped, self.run_dir)
 
 
-class _GradNorm(nn.Cell):
-    """Global L2 norm of d(loss)/d(weights) on one batch, in one graph: one host copy, not one per tensor."""
+class _Rate:
+    """The learning rate of an optimizer's latest update: its schedule at ``global_step - 1``.
+
+    Reading it must cost the step little: one graph call per point takes longer than a toy
+    training step. A fixed rate is read from its Parameter (another callback may change it); a
+    list of rates is copied to the host once; a schedule without Parameters depends on the step
+    alone, so in graph mode it is evaluated for the next ``_BLOCK`` points in one graph call and
+    cached. Each step is still evaluated at shape (1,), as the optimizer calls it: a schedule
+    evaluated on a vector can differ in the last bit. Other schedules, and any in PyNative mode
+    (where a block is only more operators), are evaluated per point.
+    """
+
+    def __init__(self, optimizer: Any, previous: _Rate | None) -> None:
+        lr = getattr(optimizer, "learning_rate", None)
+        if getattr(optimizer, "is_group_lr", False):
+            lr = lr[0]
+        if isinstance(lr, _ConvertToCell):  # a fixed rate in a group
+            lr = lr.learning_rate
+        self.lr = lr
+        self.step = getattr(optimizer, "global_step", None)
+        self.table = lr.learning_rate.asnumpy() if isinstance(lr, _IteratorLearningRate) else None
+        self.block: _Block | None = None
+        if (isinstance(lr, LearningRateSchedule) and self.table is None and not list(lr.get_parameters())
+                and ms.get_context("mode") == ms.GRAPH_MODE):  # in PyNative a block is only more ops
+            self.block = previous.block if previous and previous.lr is lr else _Block(lr)
+        self.cache: dict[int, float] = {}
+        self.last: int | None = None
+
+    def global_step(self) -> int | None:
+        """The optimizer's update count (``None`` without an optimizer)."""
+        return None if self.step is None else int(self.step.asnumpy().reshape(-1)[0])
+
+    def applied(self) -> float | None:
+        if not isinstance(self.lr, LearningRateSchedule):
+            return None if self.lr is None else _scalar(self.lr)
+        step = self.global_step()
+        if step is None:
+            return None
+        step -= 1  # the step of the update just applied
+        if self.table is not None and 0 <= step < len(self.table):
+            return float(self.table[step])
+        if self.block is None:
+            return _scalar(self.lr(ms.Tensor([step], ms.int32)))
+        if step not in self.cache:  # the next points are usually as far apart as the last two
+            stride = step - self.last if self.last is not None and step > self.last else 1
+            steps = np.arange(step, step + stride * _BLOCK, stride, dtype=np.int32)
+            try:
+                self.cache = dict(zip(steps.tolist(), self.block(ms.Tensor(steps)).asnumpy().tolist()))
+            except Exception as exc:  # e.g. a schedule that does not compile unrolled
+                log.warning("learning rate read per point (slower): %s", exc)
+                self.block = None
+                return self.applied()
+        self.last = step
+        return self.cache[step]
+
+
+class _Block(nn.Cell):
+    """A schedule at ``_BLOCK`` steps in one graph, each at shape (1,) as the optimizer calls it."""
+
+    def __init__(self, schedule: LearningRateSchedule) -> None:
+        super().__init__(auto_prefix=False)
+        self.schedule = schedule
+
+    def construct(self, steps: Any) -> Any:
+        return ops.stack([self.schedule(steps[i:i + 1]).reshape(()) for i in range(_BLOCK)])
+
+
+class _GradNorm:
+    """Global L2 norm of d(loss)/d(weights) on one batch, leaving the network as it was.
+
+    The extra forward pass runs in training mode, because the step's gradient depends on it
+    (batch statistics, not moving ones), and so moves the network's state: batch-norm statistics,
+    any parameter the optimizer does not update. Those are copied (on the device) before and put
+    back after, bit for bit.
+    """
+
+    def __init__(self, loss_net: nn.Cell, weights: Any) -> None:
+        self.loss_net, self.weights = loss_net, weights
+        self.graph = _NormGraph(loss_net, weights)
+        trained = {id(w) for w in weights}
+        self.state = [p for p in loss_net.get_parameters() if id(p) not in trained]
+
+    def measures(self, loss_net: nn.Cell, weights: Any) -> bool:
+        return loss_net is self.loss_net and weights is self.weights
+
+    def __call__(self, *inputs: Any) -> float:
+        saved = [p.value().copy() for p in self.state]
+        try:
+            return _scalar(self.graph(*inputs))
+        finally:
+            for param, value in zip(self.state, saved):
+                param.set_data(value)
+
+
+class _NormGraph(nn.Cell):
+    """The norm in one graph: one host copy, not one per tensor."""
 
     def __init__(self, loss_net: nn.Cell, weights: Any) -> None:
         super().__init__(auto_prefix=False)
@@ -232,18 +366,6 @@ def _outputs(out: Any) -> tuple[float, float | None, float | None]:
     lr = out[3] if len(out) in (4, 5, 7) else None
     norm = out[4] if len(out) in (5, 7) else None  # None too when mindformers does not clip
     return _scalar(out[0]), None if lr is None else _scalar(lr), None if norm is None else _scalar(norm)
-
-
-def _scheduled_lr(optimizer: Any, step: int) -> float | None:
-    """The rate ``optimizer`` applied in ``step`` (1-based): its schedule at global step ``step - 1``."""
-    lr = getattr(optimizer, "learning_rate", None)
-    if lr is None:
-        return None
-    if getattr(optimizer, "is_group_lr", False):
-        lr = lr[0]
-    if isinstance(lr, LearningRateSchedule):
-        lr = lr(ms.Tensor(step - 1, ms.int32))
-    return _scalar(lr)
 
 
 def _collect_freq(total_steps: int) -> int:

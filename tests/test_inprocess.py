@@ -373,7 +373,7 @@ def test_restart_from_an_earlier_step_supersedes_the_tail(tmp_path: Path) -> Non
     series = scalars(tmp_path / "rank_3")
     assert series["loss"] == {1: 1.0, 2: 2.0, 3: 30.0, 4: 40.0}
     assert series["throughput"].keys() == {1, 2, 3, 4}
-    assert list(texts(tmp_path / "rank_3")["events/resume/text_summary"]) == [3]
+    assert list(texts(tmp_path / "rank_3")["events/resume"]) == [3]
 
 
 def test_summary_collector_settings(tmp_path: Path) -> None:
@@ -389,5 +389,5 @@ def test_summary_collector_settings(tmp_path: Path) -> None:
 
 
 def test_the_daemon_does_not_import_mindspore() -> None:
-    code = "import sys, sidecar.cli, sidecar.daemon, sidecar.ms_summary; sys.exit('mindspore' in sys.modules)"
+    code = "import sys, sidecar.cli, sidecar.service.daemon, sidecar.mindspore.ms_summary; sys.exit('mindspore' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -105,7 +105,11 @@ class EventFileWriter:
         self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2"))
 
     def write(self, event: event_pb2.Event) -> None:
-        self._buffer.append(frame(event.SerializeToString()))
+        self.write_encoded(event.SerializeToString())
+
+    def write_encoded(self, payload: bytes) -> None:
+        """An ``Event`` already in wire format (:mod:`sidecar.output.scalar_event`)."""
+        self._buffer.append(frame(payload))
 
     def flush(self) -> None:
         """Hand buffered records to the kernel; on error trim the partial write and re-raise."""

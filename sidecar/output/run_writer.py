@@ -21,6 +21,7 @@ not noticed.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from tensorboardX.proto import event_pb2, summary_pb2
@@ -29,6 +30,7 @@ from tensorboardX.proto.tensor_pb2 import TensorProto
 from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
 
 from parsers.records import Record
+from sidecar.output import scalar_event
 from sidecar.output.event_file import EventFileWriter, OutputLost, vanished
 from sidecar.output.event_scan import TEXT_PLUGIN, RunView, run_holds, scan_run
 from sidecar.analysis.sequencer import Identity
@@ -50,22 +52,34 @@ class RunWriter:
         return max(self.view.watermarks.values(), default=-1)
 
     def write(self, record: Record) -> int:
-        """Write what is new in ``record``; return how many values were written."""
+        """Write what is new in ``record``; return how many values were written. Scalars alone
+        are encoded directly (:mod:`sidecar.output.scalar_event`), anything else by protobuf."""
         wall_time = record.wall_time if record.wall_time is not None else time.time()
-        return self.write_values(record.step, wall_time, _values(record))
+        if record.texts:
+            return self.write_values(record.step, wall_time, _values(record))
+        fresh = {tag: value for tag, value in record.scalars.items() if self._new(tag, record.step)}
+        if fresh:
+            self._ensure_file(wall_time).write_encoded(scalar_event.encode(record.step, wall_time, fresh))
+            self._mark(fresh, record.step)
+        return len(fresh)
 
     def write_values(self, step: int, wall_time: float, values: list[summary_pb2.Summary.Value]) -> int:
         """Write the values whose tag has not reached ``step`` yet, as one event."""
-        marks = self.view.watermarks
-        fresh = [v for v in values if marks.get(v.tag, -1) < step]
-        if not fresh:
-            return 0
-        event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=fresh))
-        self._ensure_file(wall_time).write(event)
-        for value in fresh:
-            marks[value.tag] = step
-        self.points_written += len(fresh)
+        fresh = [v for v in values if self._new(v.tag, step)]
+        if fresh:
+            event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=fresh))
+            self._ensure_file(wall_time).write(event)
+            self._mark([v.tag for v in fresh], step)
         return len(fresh)
+
+    def _new(self, tag: str, step: int) -> bool:
+        return self.view.watermarks.get(tag, -1) < step
+
+    def _mark(self, tags: Iterable[str], step: int) -> None:
+        marks = self.view.watermarks
+        for tag in tags:
+            marks[tag] = step
+            self.points_written += 1
 
     def holds(self, key: Identity) -> bool:
         """Does the run hold a point with this identity? (Reads the whole run: rarely asked.)"""

@@ -130,6 +130,8 @@ class Engine:
         self._order: list[Source] | None = None
         self._pumped = False  # chains found before the first read are ordered by their data
         self._chain_seq = 0  # then in the order found
+        self._rescan = False  # a backup appeared before the lines just read: find it first
+        self._looked_for: set[Identity] = set()
         self.ranks: dict[int, Rank] = {}
         self.accounting = Accounting()
         self.alerts = Alerts()
@@ -292,6 +294,9 @@ class Engine:
         work = self._round(budget, now, stalled)
         if held and not stalled and not work:
             work = self._round(budget, now, True)  # the ranks waited for gave nothing after all
+        if self._rescan:
+            self._rescan = False
+            self.scan()
         if self.aggregator is not None:
             self.aggregator.ready = True  # every file was read once: its ranks are known
             self.aggregator.flush_due(now)  # steps complete since then
@@ -318,11 +323,32 @@ class Engine:
                 work += read
                 self.accounting.drop(rank, Reason.TOO_LONG, source.tail.long_lines - source.long_lines)
                 source.long_lines = source.tail.long_lines
+                if read and self._new_backup(source):
+                    # copytruncate: the content before these lines is now in a backup that
+                    # comes first in the chain. Find it before reading on.
+                    self._rescan = True
+                    source.active = True
+                    busy.add(rank)
+                    continue
             work += self._process(source, now, unheld)
             source.active = bool(source.backlog) or source.tail.starved
             if source.active:
                 busy.add(rank)
         return work
+
+    def _new_backup(self, source: Source) -> bool:
+        """Is there a first backup (``info.log.1``) of this live file that no scan has seen yet?
+        (Asked once per backup: one that discovery does not take must not stall the file.)"""
+        if source.candidate.backup:
+            return False
+        try:
+            backup = Identity.of(os.stat(source.tail.path.with_name(source.tail.path.name + ".1")))
+        except OSError:
+            return False
+        if backup in self.sources or backup in self._looked_for:
+            return False
+        self._looked_for.add(backup)
+        return True
 
     def _holding_back(self) -> bool:
         return self.aggregator is not None and self.aggregator.pending_steps() > LEAD

@@ -87,3 +87,14 @@ def test_a_known_chain_re_reading_past_the_window_is_a_duplicate() -> None:
 def test_identity_uses_the_loss_as_written_in_float32() -> None:
     assert record_identity(rec(1, loss=0.1)) == record_identity(rec(1, loss=0.10000000149011612))
     assert record_identity(rec(1, loss=0.1)) != record_identity(rec(1, loss=0.1001))
+
+
+def test_a_step_that_goes_back_to_a_record_the_run_holds_is_a_copy_not_a_resume() -> None:
+    """A copytruncate copy of what was read before a restart: the window is empty, the chain
+    goes back, and the run on disk says the record is already there."""
+    held = {record_identity(rec(s)) for s in range(1, 4)}
+    seq = RankSequencer(last_step=3, holds=held.__contains__)
+    chain = ChainCursor(prev_step=3)
+    assert judge_all(seq, chain, [rec(1), rec(2), rec(3)]) == [Verdict.DUPLICATE] * 3
+    assert seq.judge(rec(4), chain) is Verdict.NEW
+    assert seq.judge(rec(2, T0 + 50, loss=2.5), chain) is Verdict.RESUME  # a real resume still is one

@@ -21,17 +21,20 @@ condition (first that holds)                            verdict
 ``k`` was written and a resume superseded it            SUPERSEDED: a lagging copy of a dead
                                                         segment; drop, counted
 ``s`` > the last step written                           NEW: write
-``C`` itself went back to ``s`` (or repeats it)         RESUME: supersede the run from ``s`` on
+``C`` went back to ``s`` (or repeats it), and the run  RESUME: supersede the run from ``s`` on
+does not hold ``k``
 ``C`` gave no step before and the run does not hold     RESUME: a source read later continues
 ``k``                                                   the run from an earlier step (a resumed
                                                         attempt in another directory)
 otherwise                                               DUPLICATE: ``C`` re-delivers what the
-                                                        run holds (a re-read beyond the window)
+                                                        run holds (a re-read beyond the window,
+                                                        a ``copytruncate`` copy after a restart)
 ======================================================  =========================================
 
 Memory is bounded: identities are remembered for the last :data:`WINDOW` records written or
-superseded. Older ones are looked up in the run's event files, and only for the first record
-of a chain (that one question decides whether the chain is a copy or a continuation); the
+superseded. Older ones are looked up in the run's event files, only for a record that would
+otherwise start a new segment (a chain's first record, or one that went back): that one
+question tells a copy from a continuation, and the records after it follow in order. The
 engine orders a rank's chains so that copies are read after what they copy (see
 :mod:`sidecar.following.chains`). A record without a timestamp has no identity beyond its step and values.
 """
@@ -94,6 +97,10 @@ class RankSequencer:
         while len(self._seen) > WINDOW:
             self._seen.popitem(last=False)
 
+    def _held(self, record: Record, key: Identity) -> bool:
+        """Does the run hold this record already (the slow path: it reads the run)?"""
+        return record.wall_time is not None and self.holds(key)
+
     def judge(self, record: Record, cursor: ChainCursor) -> Verdict:
         """Classify a training-step record of ``cursor``'s chain and advance the state."""
         step = record.step
@@ -106,9 +113,7 @@ class RankSequencer:
             verdict = Verdict.DUPLICATE if shown else Verdict.SUPERSEDED
         elif step > self.last_step:
             verdict = Verdict.NEW
-        elif went_back:
-            verdict = Verdict.RESUME
-        elif fresh and record.wall_time is not None and not self.holds(key):
+        elif (went_back or fresh and record.wall_time is not None) and not self._held(record, key):
             verdict = Verdict.RESUME
         else:
             verdict = Verdict.DUPLICATE

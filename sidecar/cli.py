@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from sidecar import __version__
-from sidecar.service.config import ConfigError, SidecarConfig, check_paths, load_config, prepare_out
 from sidecar.output.lock import LockError, hold
+from sidecar.service.config import ConfigError, SidecarConfig, check_paths, load_config, prepare_out
 from sidecar.service.logsetup import setup_logging
 
 EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK = 0, 1, 2, 3, 4

@@ -42,15 +42,15 @@ from parsers.records import Family, MalformedLine, ParallelConfigLine, PipelineL
 from sidecar.analysis.accounting import Accounting, Reason
 from sidecar.analysis.aggregate import CrossRankAggregator
 from sidecar.analysis.alerts import Alerts
+from sidecar.analysis.sequencer import RankSequencer, Verdict
 from sidecar.following.chains import LATE, Chain, Stream, first_record, text_of
 from sidecar.following.discovery import Candidate, discover
+from sidecar.following.tailer import FileTail, Identity
+from sidecar.mindspore.ms_follow import SummaryFollower
 from sidecar.output.event_scan import RunView
 from sidecar.output.layout import LayoutRun
-from sidecar.mindspore.ms_follow import SummaryFollower
 from sidecar.output.run_writer import RunWriter
-from sidecar.analysis.sequencer import RankSequencer, Verdict
 from sidecar.output.state import FileState, RunState, State, StateStore, StreamState, instance_name, runs_match
-from sidecar.following.tailer import FileTail, Identity
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from sidecar import __version__
-from sidecar.service import metrics
 from sidecar.engine import Engine, Settings
+from sidecar.service import metrics
 from sidecar.service.notify import Notifier
 from tb_server import free_port
 

@@ -10,8 +10,8 @@ import pytest
 from tensorboardX.proto import event_pb2
 from tensorboardX.summary import custom_scalars, text
 
-from sidecar.output import run_writer
 from sidecar.cli import main
+from sidecar.output import run_writer
 from sidecar.output.event_file import EventFileWriter
 from sidecar.output.event_scan import RunView, scan_run
 from sidecar.output.state import StateStore

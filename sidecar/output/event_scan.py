@@ -26,8 +26,8 @@ from pathlib import Path
 from tensorboardX.proto import event_pb2, summary_pb2
 
 from parsers import tags
-from sidecar.output.event_file import event_files
 from sidecar.analysis.sequencer import WINDOW, Identity, identity
+from sidecar.output.event_file import event_files
 from sidecar.output.tfrecord import CorruptRecord, iter_records
 
 TEXT_PLUGIN = "text"

@@ -30,10 +30,10 @@ from tensorboardX.proto.tensor_pb2 import TensorProto
 from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
 
 from parsers.records import Record
+from sidecar.analysis.sequencer import Identity
 from sidecar.output import scalar_event
 from sidecar.output.event_file import EventFileWriter, OutputLost, vanished
 from sidecar.output.event_scan import TEXT_PLUGIN, RunView, run_holds, scan_run
-from sidecar.analysis.sequencer import Identity
 
 RESUME_TAG = "events/resume"
 

@@ -13,8 +13,8 @@ from typing import TextIO
 
 from parsers.rank_labels import RankRouter
 from sidecar.following.chains import PEEK_BYTES, Stream, text_of
-from sidecar.service.config import SidecarConfig
 from sidecar.following.discovery import Candidate, discover
+from sidecar.service.config import SidecarConfig
 
 
 @dataclass

@@ -40,15 +40,15 @@ import time
 from dataclasses import replace
 from types import FrameType
 
-from sidecar.service.config import SidecarConfig
 from sidecar.engine import Engine, Settings
+from sidecar.following.wakeup import WakeUp
 from sidecar.output.event_file import OutputLost
 from sidecar.output.lock import hold
+from sidecar.output.state import StateStore
+from sidecar.service.config import SidecarConfig
 from sidecar.service.notify import Notifier
 from sidecar.service.replay import settings_from
-from sidecar.output.state import StateStore
 from sidecar.service.status import Decisions, Waiting, status_line
-from sidecar.following.wakeup import WakeUp
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import time
 
 from tqdm import tqdm
 
-from sidecar.service.config import SidecarConfig
 from sidecar.engine import Engine, Settings
 from sidecar.output.event_file import OutputLost
-from sidecar.service.report import summary
 from sidecar.output.state import StateStore
+from sidecar.service.config import SidecarConfig
+from sidecar.service.report import summary
 
 log = logging.getLogger(__name__)
 

@@ -275,7 +275,7 @@ class CrossRankAggregator:
         self._warned_at = clock
         why = "the input ended before they reported it" if at_end else f"no report within {self.timeout:g} s"
         log.warning("aggregate: step %d written without rank(s) %s (%s); %d step(s) so far written without "
-                    "every rank", step, _ranks_text(missing), why, self.incomplete_steps)
+                    "every rank", step, rank_ranges(missing), why, self.incomplete_steps)
 
     # -- values ----------------------------------------------------------------------------
     def valid_loss_ranks(self) -> set[int] | None:
@@ -315,7 +315,7 @@ class CrossRankAggregator:
                 if not by_rank and valid_loss.isdisjoint(self.expected | self.last_step.keys()):
                     self._once("no-loss", "aggregate: no loss/* written: the valid loss is on rank(s) %s (the "
                                "last pipeline stage, or --loss-ranks) and this sidecar follows none of them",
-                               _ranks_text(valid_loss))
+                               rank_ranges(valid_loss))
             if not by_rank:
                 continue
             finite = [v for v in by_rank.values() if math.isfinite(v)]
@@ -348,7 +348,7 @@ class CrossRankAggregator:
             self.writer.write_values(1, time.time(), [value])
 
 
-def _ranks_text(ranks: set[int] | list[int]) -> str:
+def rank_ranges(ranks: set[int] | list[int], sep: str = ", ") -> str:
     """``0-7, 9``: runs of consecutive ranks as ranges (a node's ranks are one line, not a thousand)."""
     runs: list[list[int]] = []
     for rank in sorted(ranks):
@@ -356,4 +356,4 @@ def _ranks_text(ranks: set[int] | list[int]) -> str:
             runs[-1][1] = rank
         else:
             runs.append([rank, rank])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

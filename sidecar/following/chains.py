@@ -72,6 +72,17 @@ class Chain:
 def first_record(paths: list[Path], default_rank: int, rank_pattern: str | None) -> tuple[int, float] | None:
     """(step, timestamp or +inf) of the first training-step record in ``paths`` (oldest file
     first), within the first :data:`PEEK_BYTES`; ``None`` if there is none (yet)."""
+    found = next(head_records(paths, default_rank, rank_pattern), None)
+    if found is None:
+        return None
+    record = found[1]
+    return record.step, record.wall_time if record.wall_time is not None else math.inf
+
+
+def head_records(paths: list[Path], default_rank: int, rank_pattern: str | None) -> Iterator[tuple[int, Record]]:
+    """(rank, record) for the training-step records in the first :data:`PEEK_BYTES` of
+    ``paths`` (oldest file first), parsed as the engine parses them; a head whose bar is past
+    the end of a file comes out when that file ends."""
     router = RankRouter(default_rank, rank_pattern)
     streams: dict[int, Stream] = {}
     budget = PEEK_BYTES
@@ -79,13 +90,15 @@ def first_record(paths: list[Path], default_rank: int, rank_pattern: str | None)
         for raw in _lines(path, budget):
             budget -= len(raw) + 1
             rank, body = router.route(text_of(raw))
-            found = _training(streams.setdefault(rank, Stream(math.inf)).feed(body, 0, 0.0, None)[1])
-            if found is not None:
-                return found
-        found = _training([r for stream in streams.values() for r in stream.assembler.flush()])
-        if found is not None or budget <= 0:
-            return found
-    return None
+            for record in streams.setdefault(rank, Stream(math.inf)).feed(body, 0, 0.0, None)[1]:
+                if record.training_step:
+                    yield rank, record
+        for rank, stream in streams.items():
+            for record in stream.assembler.flush():
+                if record.training_step:
+                    yield rank, record
+        if budget <= 0:
+            return
 
 
 def _lines(path: Path, budget: int) -> Iterator[bytes]:
@@ -102,10 +115,3 @@ def _lines(path: Path, budget: int) -> Iterator[bytes]:
                 yield from lines
     except OSError:
         return  # the engine reports unreadable files when it opens them
-
-
-def _training(records: list[Record]) -> tuple[int, float] | None:
-    for record in records:
-        if record.training_step:
-            return record.step, record.wall_time if record.wall_time is not None else math.inf
-    return None

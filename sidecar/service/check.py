@@ -7,12 +7,12 @@ the rank and format it prints are what a replay would use. Nothing is written, n
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from parsers.rank_labels import RankRouter
-from sidecar.following.chains import PEEK_BYTES, Stream, text_of
+from sidecar.following.chains import PEEK_BYTES, head_records
 from sidecar.following.discovery import Candidate, discover
 from sidecar.service.config import SidecarConfig
 
@@ -29,34 +29,20 @@ class Finding:
 def inspect(candidate: Candidate, rank_pattern: str | None) -> Finding:
     """Parse the first :data:`PEEK_BYTES` of a file as the engine would."""
     try:
-        with open(candidate.path, "rb") as fh:
-            head = fh.read(PEEK_BYTES)
+        size = os.stat(candidate.path).st_size
+        open(candidate.path, "rb").close()
     except OSError as exc:
         return Finding(candidate, [candidate.rank], [], None, f"unreadable: {(exc.strerror or str(exc)).lower()}")
-    router = RankRouter(candidate.rank, rank_pattern)
-    streams: dict[int, Stream] = {}
     ranks: set[int] = set()
     formats: set[str] = set()
     first: int | None = None
-    lines = head.split(b"\n")
-    if len(head) == PEEK_BYTES:
-        lines.pop()  # a line cut by the peek
-    for raw in lines:
-        rank, body = router.route(text_of(raw))
-        stream = streams.setdefault(rank, Stream(float("inf")))
-        for record in stream.feed(body, 0, 0.0, None)[1]:
-            if record.training_step:
-                ranks.add(rank)
-                first = record.step if first is None else first
-                if record.family is not None:
-                    formats.add(record.family.value)
-    for rank, stream in streams.items():  # a head whose bar line is past the peek
-        for record in stream.assembler.flush():
-            if record.training_step and record.family is not None:
-                ranks.add(rank)
-                formats.add(record.family.value)
+    for rank, record in head_records([candidate.path], candidate.rank, rank_pattern):
+        ranks.add(rank)
+        first = record.step if first is None else first
+        if record.family is not None:
+            formats.add(record.family.value)
     if not ranks:
-        where = "it" if len(head) < PEEK_BYTES else f"its first {PEEK_BYTES >> 20} MiB"
+        where = "it" if size < PEEK_BYTES else f"its first {PEEK_BYTES >> 20} MiB"
         return Finding(candidate, [candidate.rank], [], None,
                        f"not recognised: no mindformers step record in {where} (yet)")
     return Finding(candidate, sorted(ranks), sorted(formats), first, None)

@@ -12,7 +12,7 @@ from collections import Counter
 
 from parsers import tags
 from sidecar.analysis.accounting import Reason
-from sidecar.analysis.aggregate import _ranks_text
+from sidecar.analysis.aggregate import rank_ranges
 from sidecar.engine import Engine
 
 WIDTH = 100
@@ -136,7 +136,7 @@ def _resumes(engine: Engine) -> list[str]:
 
 
 def _who(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks_text(ranks)}"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
 
 
 def _wrap(text: str) -> list[str]:

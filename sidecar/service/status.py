@@ -12,6 +12,7 @@ import logging
 import time
 from pathlib import Path
 
+from sidecar.analysis.aggregate import rank_ranges
 from sidecar.engine import Engine
 from sidecar.following.tailer import Identity
 
@@ -45,21 +46,10 @@ def _last_steps(engine: Engine) -> str:
     for rank_id, rank in sorted(engine.ranks.items()):
         if rank.stats.last_step is not None:
             by_step.setdefault(rank.stats.last_step, []).append(rank_id)
-    groups = [f"{step} (rank {_ranges(ranks)})" for step, ranks in sorted(by_step.items(), reverse=True)]
+    groups = [f"{step} (rank {rank_ranges(ranks, ',')})" for step, ranks in sorted(by_step.items(), reverse=True)]
     if len(groups) > MAX_STEP_GROUPS:
         groups = [*groups[:MAX_STEP_GROUPS - 1], f"... lowest {groups[-1]}"]
     return ", ".join(groups)
-
-
-def _ranges(ranks: list[int]) -> str:
-    """``0-6,9`` for ranks 0..6 and 9."""
-    spans: list[list[int]] = []
-    for rank in ranks:
-        if spans and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 class Waiting:

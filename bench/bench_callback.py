@@ -5,9 +5,12 @@ to every step it writes. This trains a toy network (MindSpore on the CPU, Dense(
 Momentum with a ``PolynomialDecayLR`` schedule, batch 4: a step of about a millisecond, so the
 callback's cost is not hidden by the step) and times ``model.train`` with no callback, with the
 baseline callback and with the current one, ``--reps`` times in rotating order, each callback
-object reused as a training script reuses it across ``model.train`` calls. The baseline is
-``sidecar/inprocess.py`` as of ``--baseline`` (a git revision), written to a temporary directory
-and imported from there for this run only.
+object reused as a training script reuses it across ``model.train`` calls. Each ``model.train``
+writes to a fresh run directory, so the figures are per point: a writer first reads the run
+directory it continues (about 0.1 ms a point already there, MindSpore's protobuf being pure
+Python), and in one directory that scan would grow with every rep (``--same-dir`` measures that
+way). The baseline is ``sidecar/inprocess.py`` as of ``--baseline`` (a git revision), written to
+a temporary directory and imported from there for this run only.
 
 Figures, all medians over reps:
 
@@ -21,6 +24,7 @@ It measures; it asserts nothing (it is not a test). Run it with the venv's Pytho
 
     .venv/bin/python bench/bench_callback.py                 # graph mode, 2,000 steps, 7 reps
     .venv/bin/python bench/bench_callback.py --mode pynative --steps 300
+    .venv/bin/python bench/bench_callback.py --same-dir      # every model.train into one run directory
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
     parser.add_argument("--steps", type=int, default=2000, help="steps per model.train (default 2000)")
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--same-dir", dest="fresh", action="store_false",
+                        help="every model.train into the same run directory (default: a fresh one each)")
     parser.add_argument("--baseline", default=BASELINE, help=f"git revision of the baseline (default {BASELINE})")
     args = parser.parse_args()
 
@@ -114,6 +120,8 @@ def main() -> None:
         for rep in range(args.reps + 1):  # rep 0: the first model.train with each callback, reported apart
             for name in names[rep % 3:] + names[:rep % 3]:
                 spent.get(name, []).clear()
+                for callback in callbacks[name]:
+                    callback.out_dir = root / name / (f"train{rep}" if args.fresh else "run")
                 began = time.perf_counter()
                 model.train(1, data, callbacks=callbacks[name], dataset_sink_mode=False)
                 took = time.perf_counter() - began
@@ -124,7 +132,8 @@ def main() -> None:
                 if name in spent:
                     hooks[name].append(sum(spent[name]) / args.steps)
 
-    print(f"mode {args.mode}, {args.steps} steps x {args.reps} reps, one point per step; "
+    print(f"mode {args.mode}, {args.steps} steps x {args.reps} reps, one point per step, "
+          f"{'a fresh run directory per model.train' if args.fresh else 'one run directory'}; "
           f"python {platform.python_version()}, mindspore {ms.__version__}, {os.cpu_count()} cpus, "
           f"baseline {args.baseline}")
     print(f"{'variant':<10}{'step ms':>10}{'cost/point us':>16}{'hooks/point us':>17}{'first +s':>14}")

@@ -9,14 +9,16 @@ What it does, in one invocation:
 1. generates a deterministic mindformers v1.9 graph-trainer log tree in a temp dir
    (``output/log/rank_N/info.log``, file format; or ``--layout worker`` for msrun's
    ``output/msrun_log/worker_N.log`` in stdout format with MindSpore foreign lines);
-2. runs both contenders as subprocesses on the same tree, ``--reps`` times each, alternating
-   which goes first, each into a fresh output dir; subprocesses because that is what a user runs
+2. runs the contenders as subprocesses on the same tree, ``--reps`` times each, rotating which
+   goes first, each into a fresh output dir: the product, the baseline as people run it, and the
+   baseline pinned to one core (``taskset -c 0``; its writer thread then stops fighting its main
+   thread for the GIL across cores); subprocesses because that is what a user runs
    (interpreter start and imports included, measured separately as the startup floor), because
    ``os.wait4`` then gives each run's own peak RSS and CPU time, and because nothing
    (logging setup, module state, warm caches of objects) leaks from one repetition into the next;
 3. replays the product again into an already-written output dir (the idempotent no-op path);
-4. reads both outputs back once with TensorBoard's ``EventAccumulator`` and warns if the number
-   of ``loss`` points per rank differs, so the ratio compares equal work.
+4. reads the product's and the baseline's outputs back once with TensorBoard's ``EventAccumulator``
+   and warns if the number of ``loss`` points per rank differs, so the ratios compare equal work.
 
     .venv/bin/python bench/bench_replay.py            # ~70 MB tree, 5 reps
     .venv/bin/python bench/bench_replay.py --quick    # smoke run in a few seconds
@@ -66,7 +68,7 @@ FOREIGN = (
 
 @dataclass
 class Tree:
-    root: Path  # what both contenders are pointed at
+    root: Path  # what every contender is pointed at
     files: int
     bytes: int
     lines: int
@@ -193,7 +195,14 @@ def baseline_cmd(root: Path, out: Path) -> list[str]:
     return [sys.executable, str(BASELINE), str(root), "--out", str(out)]
 
 
-CONTENDERS = {"product": product_cmd, "baseline": baseline_cmd}
+def pinned_cmd(root: Path, out: Path) -> list[str]:
+    """The baseline on one core, as ``taskset -c 0`` runs it: its writer thread and main thread then
+    stop fighting over the GIL across cores, which makes it about twice as fast."""
+    return [sys.executable, "-c", PIN, str(min(os.sched_getaffinity(0))), *baseline_cmd(root, out)]
+
+
+PIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); os.execv(sys.argv[2], sys.argv[2:])"
+CONTENDERS = {"product": product_cmd, "baseline": baseline_cmd, "pinned": pinned_cmd}
 
 
 @dataclass
@@ -292,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         series = {name: Series() for name in CONTENDERS}
         last: dict[str, Path] = {}
         for rep in range(a.reps):
-            order = list(CONTENDERS) if rep % 2 == 0 else list(reversed(CONTENDERS))
+            order = list(CONTENDERS)[rep % len(CONTENDERS):] + list(CONTENDERS)[:rep % len(CONTENDERS)]
             for name in order:
                 out = work / f"out-{name}-{rep}"
                 series[name].runs.append(run_child(CONTENDERS[name](tree.root, out), work))
@@ -307,17 +316,17 @@ def main(argv: list[str] | None = None) -> int:
         grew = event_bytes(last["product"]) - before
 
         t0 = time.perf_counter()
-        counts = {name: read_back(out) for name, out in last.items()}
+        counts = {name: read_back(out) for name, out in last.items() if name != "pinned"}  # the same script
         verify_s = time.perf_counter() - t0
 
         rows = [("contender", "median s", "min s", "cpu s", "lines/s", "MB/s", "points/s", "peak RSS MB")]
         rows.append(row("product  mstb-sidecar replay", series["product"], tree, counts["product"][1]))
         rows.append(row("baseline regex+tensorboardX", series["baseline"], tree, counts["baseline"][1]))
+        rows.append(row("baseline pinned to one core", series["pinned"], tree, counts["baseline"][1]))
         rows.append(row("product  2nd replay (no-op)", noop, None, None))
         print()
         print(table(rows))
-        print(f"startup floor (empty input, median of 3): product {floor['product']:.3f} s, "
-              f"baseline {floor['baseline']:.3f} s")
+        print("startup floor (empty input, median of 3): " + ", ".join(f"{n} {t:.3f} s" for n, t in floor.items()))
         print(f"points written: product {counts['product'][1]:,}, baseline {counts['baseline'][1]:,} "
               f"(read back with EventAccumulator in {verify_s:.1f} s); 2nd replay added {grew} event bytes")
         loss_p, loss_b = counts["product"][0], counts["baseline"][0]
@@ -326,9 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"expected {tree.steps} each): the ratio does not compare equal work")
         else:
             print(f"check: loss points per rank equal ({tree.steps:,} on each of {tree.ranks} ranks)")
-        ratio = series["baseline"].median / series["product"].median
-        verdict = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
-        print(f"ratio (baseline/product time): {verdict}")
+        for name, label in (("baseline", "free-running baseline"), ("pinned", "pinned baseline")):
+            ratio = series[name].median / series["product"].median
+            verdict = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
+            print(f"ratio ({label} / product time): {verdict}")
         print(machine())
     finally:
         if a.keep:

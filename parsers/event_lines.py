@@ -19,7 +19,9 @@ _NON_FINITE = re.compile(r"(?<![\w'\"])(-?)(nan|inf)\b")
 _FINISH_SAVING = re.compile(r"Finish saving ckpt of epoch (\d+) step (\d+) using (\S+) seconds")
 _SAVE_COST = re.compile(r"Save checkpoint cost time: (\S+?)s\.")
 _PYNATIVE_SAVED = re.compile(r"Checkpoint saved at step (\d+) to ")
-_PIPELINE = re.compile(r"pipeline stages: (\d+) > 1, the loss on the last card is valid")
+_PIPELINE_TEXT = "pipeline stages: "
+_PIPELINE = re.compile(re.escape(_PIPELINE_TEXT) + r"(\d+) > 1, the loss on the last card is valid")
+_ZERO_BUBBLE = "zero_bubble_v is enabled, loss is valid only on rank 0"
 
 _MARKERS: tuple[tuple[str, Marker], ...] = (
     ("Model Compiling, Please Wait", Marker.COMPILE),
@@ -38,6 +40,8 @@ _ERRORS = (
     "exit with exception",
     "TREError",
 )
+# parse_marker_line finds nothing in a text that contains none of these.
+NEEDLES = (*(needle for needle, _ in _MARKERS), _PIPELINE_TEXT, _ZERO_BUBBLE, *_ERRORS)
 
 
 def parse_eval_line(text: str) -> EvalLine | None:
@@ -77,7 +81,7 @@ def parse_marker_line(text: str) -> MarkerLine | PipelineLine | ErrorLine | None
     stages = parse_int64(m.group(1)) if m else None
     if stages is not None:
         return PipelineLine(stages)
-    if "zero_bubble_v is enabled, loss is valid only on rank 0" in text:
+    if _ZERO_BUBBLE in text:
         return PipelineLine(None, rank0_only=True)
     for needle in _ERRORS:
         if needle in text:

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 _LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
 _TS = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
-_FILE = re.compile(rf"\[({_LEVELS})\] ({_TS}) \[[^\]]*\] [\w<>.]*: ?(.*)", re.S)
+FILE_PREFIX = re.compile(rf"\[({_LEVELS})\] ({_TS}) \[[^\]]*\] [\w<>.]*: ?(.*)", re.S)
 _STDOUT = re.compile(rf"(?:({_TS}) )?(?:- )?(?:\S.*? - )?({_LEVELS}) - (.*)", re.S)
-_STDOUT_FAST = re.compile(rf"({_TS}) - .*? - ({_LEVELS}) - (.*)", re.S)
+STDOUT_PREFIX = re.compile(rf"({_TS}) - .*? - ({_LEVELS}) - (.*)", re.S)
 # MindSpore native `[LEVEL] MOD(`, CANN `EZ9999[PID:`, MindIO `<date> <time>.uuuuuu level pid [TTP`.
-_FOREIGN = re.compile(
+FOREIGN_PREFIX = re.compile(
     rf"\[(?:{_LEVELS})\] [A-Z_]+\(|[A-Z]{{2}}\d{{4}}\[PID|\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{6}} "
 )
 
@@ -50,18 +50,18 @@ class PrefixSplitter:
     def split(self, line: str) -> Message:
         first = line[:1]
         if first == "[":
-            m = _FILE.match(line)
+            m = FILE_PREFIX.match(line)
             if m:
                 return Message(m.group(3), self._timestamp(m.group(2)), m.group(1))
-            if _FOREIGN.match(line):
-                return Message(line, None, _native_level(line), foreign=True)
+            if FOREIGN_PREFIX.match(line):
+                return Message(line, None, native_level(line), foreign=True)
         elif first.isdigit():
-            m = _STDOUT_FAST.match(line)
+            m = STDOUT_PREFIX.match(line)
             if m:
                 return Message(m.group(3), self._timestamp(m.group(1)), m.group(2))
-            if _FOREIGN.match(line):
+            if FOREIGN_PREFIX.match(line):
                 return Message(line, None, None, foreign=True)
-        elif first == "E" and _FOREIGN.match(line):
+        elif first == "E" and FOREIGN_PREFIX.match(line):
             return Message(line, None, "ERROR", foreign=True)
         if " - " in line[:200]:
             m = _STDOUT.match(line)
@@ -90,6 +90,7 @@ class PrefixSplitter:
         return self._last_epoch + int(ts[20:23]) / 1000.0
 
 
-def _native_level(line: str) -> str | None:
+def native_level(line: str) -> str | None:
+    """The level of a MindSpore native line (``[WARNING] ME(...``)."""
     end = line.find("]")
     return line[1:end] if end > 0 else None

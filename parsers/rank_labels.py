@@ -28,6 +28,8 @@ _TAIL_HEADER = re.compile(r"==> (.+) <==\s*$")
 # An srun label is only believed in front of something that looks like a log line.
 _LOGGISH = re.compile(r"\d{4}-\d\d-\d\d |\[[A-Z]+\] |\{ |Epoch|- [A-Z]+ - |[A-Z]{2}\d{4}\[")
 _RANK_IN_PATH = re.compile(r"rank_(\d+)|worker_(\d+)|mf_parallel(\d+)")
+# How log lines start (``[INFO] ``, a date): no label style above matches there.
+_LOG_LINE = re.compile(r"\[[A-Z]|\d{4}-\d\d-\d\d ")
 
 
 class RankRouter:
@@ -40,6 +42,9 @@ class RankRouter:
         self._user = re.compile(pattern) if pattern else None
         if self._user is not None and "rank" not in self._user.groupindex:
             raise ValueError("the rank pattern needs a named group (?P<rank>...)")
+        # Lines that start like a log line are never labels, unless the user's pattern says what a
+        # label is (:mod:`parsers.fast_path` relies on this).
+        self.plain_lines = self._user is None
 
     def route(self, line: str) -> tuple[int, str]:
         if self._user is not None:
@@ -48,6 +53,8 @@ class RankRouter:
             if m and rank is not None:
                 self.current = rank
                 return self.current, line[m.end():]
+            return self.current, line
+        if _LOG_LINE.match(line):
             return self.current, line
         style = self.style
         if style is None or style == "mpi":

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import re
 
+from parsers.field_shapes import learn, read_fields
 from parsers.records import BarLine, EpochEndLine, Family, MalformedLine, MonitorLine, StepLine
-from parsers.tags import sanitize_tag, tag_for_key
+from parsers.tags import KEY_TAGS, sanitize_tag, tag_for_key
 from parsers.values import fits_int64, parse_bool, parse_int64, parse_number, split_fields
 
 _EPOCH_STEP = re.compile(r"\{? ?Epoch:\[\s*(-?\d+)/\s*(\d+)\], step:\[\s*(\d+)/\s*(\d+)\](,? ?)(.*)", re.S)
@@ -51,11 +52,10 @@ def parse_epoch_line(text: str) -> StepLine | MonitorLine | None:
             return None
         monitor = MonitorLine(epoch, steps, step, sanitize_tag(mm.group(1)), value)
         return monitor if fits_int64(monitor.global_step()) else None
-    fields = split_fields(tail)
     head = text.startswith("{")
-    line = _from_fields(Family.GRAPH if head else Family.R0X, step, epoch, steps, fields)
+    line, overflow_cond = _from_tail(Family.GRAPH if head else Family.R0X, step, epoch, steps, tail)
     line.needs_bar = head
-    if not head and not any(k == "overflow cond" for k, _ in fields):
+    if not head and not overflow_cond:
         line.epoch_base = 0  # r0.2 prints cur_epoch_num - 1
     implied = line.global_step()
     return line if implied is None or fits_int64(implied) else None
@@ -66,7 +66,7 @@ def parse_pynative_line(text: str) -> StepLine | None:
     if m is None:
         return None
     step = parse_int64(m.group(1))
-    return None if step is None else _from_fields(Family.PYNATIVE, step, None, None, split_fields(m.group(3)))
+    return None if step is None else _from_tail(Family.PYNATIVE, step, None, None, m.group(3))[0]
 
 
 def parse_experimental_line(text: str) -> StepLine | MalformedLine | None:
@@ -99,6 +99,20 @@ def parse_epoch_end_line(text: str) -> EpochEndLine | None:
     return None if value is None else EpochEndLine(value)
 
 
+def _from_tail(family: Family, step: int, epoch: int | None, steps: int | None, tail: str) -> tuple[StepLine, bool]:
+    """The step line of a ``key: value, ...`` tail, and whether the tail has ``overflow cond``:
+    by a known shape (:mod:`parsers.field_shapes`) when one matches, else field by field."""
+    fields = read_fields(tail)
+    if fields is not None:
+        line = StepLine(family, step, epoch, steps, fields.scalars)
+        line.overflow = fields.overflow
+        return line, fields.overflow_cond
+    pairs = split_fields(tail)
+    line = _from_fields(family, step, epoch, steps, pairs)
+    learn(tail)
+    return line, any(key == "overflow cond" for key, _ in pairs)
+
+
 def _from_fields(
     family: Family, step: int, epoch: int | None, steps: int | None, fields: list[tuple[str, str]]
 ) -> StepLine:
@@ -109,7 +123,7 @@ def _from_fields(
             flag = parse_bool(raw)
             line.overflow = bool(flag) if key == "overflow cond" else flag is False
             continue
-        tag = tag_for_key(key)
+        tag = KEY_TAGS.get(key) or tag_for_key(key)
         if tag is None:
             continue
         if key == "loss":

@@ -28,6 +28,11 @@ _UNIT_SUFFIXES = ("ms", "T", "s")
 
 def parse_number(text: str) -> float | None:
     """One number from a printed value, or ``None`` when it is not exactly one number."""
+    if text[-1:].isdigit():  # most values are plain numbers: what float() takes needs no rule below
+        try:
+            return float(text)
+        except ValueError:
+            pass
     s = text.strip()
     if s[:1] in "[(":
         s = s[1:-1].strip() if s[-1:] in "])" else s[1:].strip()
@@ -56,6 +61,8 @@ def parse_int64(text: str) -> int | None:
     Matched by length before ``int()``, which raises on more than 4300 digits (leading zeros
     included).
     """
+    if len(text) < _INT64_DIGITS and text.isascii() and text.isdigit():  # the common case, in range
+        return int(text)
     m = _INT64_TEXT.fullmatch(text)
     if m is None:
         return None
@@ -88,18 +95,13 @@ def split_fields(text: str) -> list[tuple[str, str]]:
     for part in text.split(", "):
         if pending:
             part = f"{pending}, {part}"
-        if part.count("[") > part.count("]") or part.count("(") > part.count(")"):
+        if ("[" in part or "(" in part) and (part.count("[") > part.count("]") or part.count("(") > part.count(")")):
             pending = part  # a ", " inside brackets or parentheses: keep joining
             continue
         pending = ""
-        pairs.append(_pair(part))
+        key, sep, value = part.partition(":")
+        pairs.append((key.strip().lower(), value.strip()) if sep else ("", part.strip()))
     if pending:
-        pairs.append(_pair(pending))
+        key, sep, value = pending.partition(":")
+        pairs.append((key.strip().lower(), value.strip()) if sep else ("", pending.strip()))
     return pairs
-
-
-def _pair(part: str) -> tuple[str, str]:
-    key, sep, value = part.partition(":")
-    if not sep:
-        return "", part.strip()
-    return key.strip().lower(), value.strip()

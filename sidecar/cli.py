@@ -1,5 +1,6 @@
-"""Command line: ``mstb-sidecar --watch PATH --out DIR`` (live), ``mstb-sidecar replay PATH... --out DIR``
-and ``mstb-sidecar check PATH...`` (a dry run that writes nothing).
+"""Command line: ``mstb-sidecar --watch PATH --out DIR`` (live), ``mstb-sidecar replay PATH... --out DIR``,
+``mstb-sidecar check PATH...`` (a dry run that writes nothing) and ``mstb-sidecar aggregate --out DIR``
+(one aggregate over the rank runs of every node sharing ``--out``).
 
 Exit codes (also in ``--help``, as an admin reads them from ``systemctl status``): see
 :data:`EXIT_CODES`. Errors are one line each on stderr, never a traceback.
@@ -14,24 +15,27 @@ import resource
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar import __version__
-from sidecar.output.lock import LockError, hold
-from sidecar.service.config import ConfigError, SidecarConfig, check_paths, load_config, prepare_out
-from sidecar.service.logsetup import setup_logging
 
-EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK = 0, 1, 2, 3, 4
+if TYPE_CHECKING:
+    from sidecar.service.config import SidecarConfig
+
+EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK, EXIT_ALERT = 0, 1, 2, 3, 4, 5
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  done (also when nothing matched, with a warning)
   {EXIT_WRITE}  the output could not be written (disk full, read-only, deleted); run again after the fix
   {EXIT_USAGE}  misuse: bad option or config, missing path (replay), unwritable --out,
      another sidecar already writing --out as this instance
   {EXIT_METRICS}  the --metrics-port endpoint could not be served (port in use, bad --metrics-host)
-  {EXIT_CHECK}  check: a file found cannot be followed (unreadable, not recognised) or none was found"""
+  {EXIT_CHECK}  check: a file found cannot be followed (unreadable, not recognised) or none was found
+  {EXIT_ALERT}  replay: an alert that --fail-on names was raised (everything was still written)"""
 COMMANDS = """commands:
   mstb-sidecar --watch PATH... --out DIR     follow live until SIGTERM/SIGINT (this page)
   mstb-sidecar replay PATH... --out DIR      read finished logs once, print a summary, exit
-  mstb-sidecar check PATH...                 dry run: what would be followed, writes nothing"""
+  mstb-sidecar check PATH...                 dry run: what would be followed, writes nothing
+  mstb-sidecar aggregate --out DIR           one aggregate over the rank runs of every node (aggregate/job)"""
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +52,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="no cross-rank aggregate run (aggregate/<instance>)")
     parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
                         "(default: all, or the last pipeline stage when mindformers reports pipeline stages)")
+    parser.add_argument("--on-alert", metavar="CMD",
+                        help="run CMD (split like a shell would, run without one) for each alert and "
+                        "'resolved', with the alert as JSON on stdin; it never blocks reading")
+    parser.add_argument("--on-alert-timeout", type=float, metavar="SECONDS",
+                        help="kill an --on-alert command after this long (default 10)")
+    parser.add_argument("--job", help="label 'training_job' of the metrics (default: the absolute --out)")
     _logging(parser)
 
 
@@ -111,6 +121,9 @@ def _replay_parser() -> argparse.ArgumentParser:
     _common(parser)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (it only shows on a terminal anyway)")
+    parser.add_argument("--fail-on", metavar="ALERTS",
+                        help="exit 5 if any of these alerts was raised, e.g. nan,spike (nan, spike, "
+                        "behind, throughput, divergence, overflow, error); for CI jobs that gate on a log")
     return parser
 
 
@@ -127,25 +140,61 @@ def _check_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _aggregate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mstb-sidecar aggregate",
+        description="Follow every rank_<N> run under --out (one sidecar per node writes its ranks' runs there) "
+        "and write one cross-rank aggregate for the whole job, aggregate/job, until SIGTERM/SIGINT.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, help="the output directory the node sidecars share")
+    parser.add_argument("--once", action="store_true",
+                        help="read what the runs hold, write every step with the ranks that reported it, exit")
+    parser.add_argument("--aggregate-timeout", type=float,
+                        help="seconds a step waits for a late or dead node before it is written without it (default 30)")
+    parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
+                        "(default: all, or the last pipeline stage when the logs report pipeline stages)")
+    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between looks at the runs (default 1)")
+    parser.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints (default 1)")
+    parser.add_argument("--status-interval", type=float, metavar="SECONDS",
+                        help="log a status line this often (default 60; 0: never)")
+    _logging(parser)
+    parser.set_defaults(config=None)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    command = args[0] if args and args[0] in ("replay", "check") else "watch"
-    parser = {"replay": _replay_parser, "check": _check_parser, "watch": _watch_parser}[command]()
+    command = args[0] if args and args[0] in ("replay", "check", "aggregate") else "watch"
+    parser = {"replay": _replay_parser, "check": _check_parser, "watch": _watch_parser,
+              "aggregate": _aggregate_parser}[command]()
     if not args:
         parser.print_usage(sys.stderr)
         parser.exit(EXIT_USAGE, f"{COMMANDS}\n\nmore: mstb-sidecar --help\n")
-    if command == "watch":
+    if command == "watch" or (command == "aggregate" and "--once" not in args):
         # Until the daemon installs its own handlers, SIGTERM means "stop now": nothing is
         # written or checkpointed yet, so a plain exit 0 loses nothing.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     ns = vars(parser.parse_args(args if command == "watch" else args[1:]))
+    # Imported once the arguments parse: ``--help`` and a usage error need none of it (pydantic,
+    # and through the lock's state file the aggregate, tensorboardX and numpy).
+    from sidecar.output.lock import LockError, hold
+    from sidecar.service.config import ConfigError, check_paths, load_config, prepare_out
+    from sidecar.service.logsetup import setup_logging
+
     config_file = ns.pop("config")
+    once = bool(ns.pop("once", False))
     try:
         if command == "check":
             ns["out"] = Path(".")  # required by the settings; check never writes
+        if command == "aggregate":
+            from sidecar.analysis.job_aggregate import JOB
+
+            ns["paths"], ns["instance"] = [Path(".")], JOB  # it reads --out only, and writes as instance "job"
         config = load_config(ns, config_file)
         setup_logging(config.quiet, config.verbose, config.log_format)
-        if command != "watch":  # live mode waits for paths that do not exist yet
+        if command in ("replay", "check"):  # live mode waits for paths that do not exist yet
             check_paths(config)
         if command == "check":
             from sidecar.service.check import run_check
@@ -159,10 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     from sidecar.service.daemon import MetricsUnavailable
 
     try:
+        if command == "aggregate":
+            from sidecar.service.job_daemon import run_job_aggregate
+
+            return run_job_aggregate(config, once)
         if command == "replay":
             from sidecar.service.replay import run_replay
 
-            return run_replay(config)
+            return run_replay(config, EXIT_ALERT)
         from sidecar.service.daemon import run_daemon
 
         return run_daemon(config)

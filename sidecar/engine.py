@@ -23,6 +23,10 @@ no input left), so ranks whose logs differ in bytes per step, or a rank that wen
 checkpoint first, never make the aggregate hold more than that. It holds them by design, not
 by a cap that would write steps without every rank.
 
+Most lines mean nothing (dataset, memory, MindSpore warnings): :mod:`parsers.fast_path` spots
+them, and for a run of them the engine does only what the full path would have done (the
+stream, the rank, the last timestamp); every other line takes the full path.
+
 The engine is single-threaded and never sleeps: callers decide when to scan, pump and checkpoint.
 """
 
@@ -37,11 +41,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parsers.fast_path import NOT_PLAIN, TIMED, plain
 from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, PipelineLine, Record
 from sidecar.analysis.accounting import Accounting, Reason
 from sidecar.analysis.aggregate import CrossRankAggregator
-from sidecar.analysis.alerts import Alerts
+from sidecar.analysis.alerts import Alert, Alerts
+from sidecar.analysis.detectors import AlertSettings, Group
+from sidecar.analysis.parallel_layout import LayoutNote
 from sidecar.analysis.sequencer import RankSequencer, Verdict
 from sidecar.following.chains import LATE, Chain, Stream, first_record, text_of
 from sidecar.following.discovery import Candidate, discover
@@ -59,6 +66,7 @@ LEAD = 256  # steps the aggregate may hold before only the ranks it waits for ar
 TOTAL_READ = 8 << 20  # bytes read ahead over all files at once (split between them)
 MIN_READ = 64 << 10
 _RANK_RUN = re.compile(r"rank_(\d+)")
+CROSS_RANK = (Group.BEHIND, Group.DIVERGENCE)  # alerts that also go to the aggregate run
 
 
 @dataclass
@@ -74,6 +82,9 @@ class Settings:
     aggregate: bool = True
     aggregate_timeout: float = float("inf")  # replay waits for every rank; live gives up after this
     loss_ranks: set[int] | None = None
+    alerts: AlertSettings = field(default_factory=AlertSettings)
+    alert_sinks: list[Callable[[Alert], None]] = field(default_factory=list)  # besides the log and the runs
+    live: bool = False
 
 
 class Source:
@@ -117,6 +128,7 @@ class Rank:
         for key, shown in self.writer.view.recent.items():
             self.sequencer.remember(key, shown)
         self.stats = RankStats()
+        self.layout = LayoutNote()  # what its log states of the parallel layout, for its run
 
 
 class Engine:
@@ -134,7 +146,8 @@ class Engine:
         self._looked_for: set[Identity] = set()
         self.ranks: dict[int, Rank] = {}
         self.accounting = Accounting()
-        self.alerts = Alerts()
+        self.alerts = Alerts(settings.alerts, settings.live)
+        self.alerts.sinks += [self._alert_event, *settings.alert_sinks]
         self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
         self._other_runs: dict[str, RunWriter] = {}
         self.aggregator = (
@@ -367,6 +380,7 @@ class Engine:
         done = 0
         backlog = source.backlog
         aggregator = self.aggregator
+        fast = source.router.plain_lines
         while backlog:
             if unheld or aggregator is None:
                 batch = len(backlog)
@@ -377,20 +391,48 @@ class Engine:
             else:
                 break
             batch = min(batch, len(backlog))
+            skipped = False  # lines the fast path found nothing in since the last full one
+            timed = None  # the last of them with a timestamp
             for _ in range(batch):
                 start, raw = backlog.popleft()
-                self._line(source, start, raw, now)
+                text = text_of(raw)
+                kind = plain(text) if fast else NOT_PLAIN
+                if kind:
+                    skipped = True
+                    if kind == TIMED:
+                        timed = text
+                    continue
+                if skipped:
+                    self._skip(source, timed)
+                    skipped, timed = False, None
+                self._line(source, start, text, now)
+            if skipped:
+                self._skip(source, timed)
             done += batch
         self.lines_read += done
         return done
 
-    def _line(self, source: Source, start: int, raw: bytes, now: float) -> None:
-        rank, body = source.router.route(text_of(raw))
+    def _skip(self, source: Source, timed: str | None) -> None:
+        """What the full path does with a run of plain lines (the stream, the rank, the time of
+        the last one with a time): they keep the rank of the line before them."""
+        rank = source.router.current
+        stream = self._stream(source.chain, rank)
+        if timed is not None:
+            stream.skip(timed)
+        if self.aggregator is not None:
+            self.aggregator.expected.add(rank)
+
+    def _line(self, source: Source, start: int, text: str, now: float) -> None:
+        rank, body = source.router.route(text)
         stream = self._stream(source.chain, rank)
         if self.aggregator is not None:
             self.aggregator.expected.add(rank)
         parsed, records = stream.feed(body, start, now, source)
-        self.accounting.drop(rank, Reason.MALFORMED, stream.assembler.take_malformed())
+        malformed = stream.assembler.take_malformed()
+        if malformed:
+            self.accounting.drop(rank, Reason.MALFORMED, malformed)
+        if isinstance(parsed, (PipelineLine, ParallelConfigLine)):
+            self.rank(rank).layout.note(parsed)
         if isinstance(parsed, MalformedLine):
             self.accounting.drop(rank, Reason.MALFORMED)
         elif isinstance(parsed, PipelineLine) and self.aggregator is not None:
@@ -414,6 +456,9 @@ class Engine:
                 for record in stream.assembler.flush_due(now):
                     self._deliver(rank, stream, record)
                 holding = holding or stream.assembler.pending_offset is not None
+        if not any(source.active for source in self.sources.values()):  # caught up: ranks compare fairly
+            self.alerts.check_behind()
+        self.alerts.check_stalls(now)
         return holding
 
     def end_of_input(self) -> None:
@@ -430,6 +475,7 @@ class Engine:
                     self._deliver(rank, stream, record)
         if self.aggregator is not None:
             self.aggregator.flush()
+        self.alerts.check_behind()
 
     # -- delivery --------------------------------------------------------------------------
     def run_writer(self, name: str) -> RunWriter:
@@ -485,12 +531,24 @@ class Engine:
         elif not stream.cursor.live:
             self.accounting.drop(rank_id, Reason.SUPERSEDED)
             return
-        self.alerts.observe(rank_id, record)
+        if record.training_step and (layout := rank.layout.take()) is not None:  # before the step: read first
+            rank.writer.write_values(record.step, record.wall_time or time.time(), [layout])
+        self.alerts.observe(rank_id, record, time.monotonic(),
+                            self.aggregator.valid_loss_ranks() if self.aggregator is not None else set())
         if rank.writer.write(record):
             stats.tags.update(record.scalars)
             stats.tags.update(record.texts)
         elif not record.training_step:
             self.accounting.drop(rank_id, Reason.DUPLICATE)
+
+    def _alert_event(self, alert: Alert) -> None:
+        """An alert as a text event at its step: in the rank's run, and for alerts about the ranks
+        together in the aggregate run too."""
+        record = Record(alert.step, alert.wall_time, texts={f"alerts/{alert.name}": alert.line()})
+        if alert.rank is not None:
+            self.rank(alert.rank).writer.write(record)
+        if self.aggregator is not None and alert.group in CROSS_RANK:
+            self.aggregator.writer.write(record)
 
     def _lose(self, source: Source, exc: OSError) -> None:
         self.accounting.unreadable(source.tail.path, source.candidate.rank, exc)

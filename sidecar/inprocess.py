@@ -13,6 +13,8 @@ stay MindSpore-free.
 
 from __future__ import annotations
 
+import copy
+import importlib
 import logging
 import threading
 import time
@@ -29,15 +31,21 @@ try:
     from mindspore.communication import get_rank
     from mindspore.nn.learning_rate_schedule import LearningRateSchedule
     from mindspore.nn.optim.optimizer import _ConvertToCell, _IteratorLearningRate
+    from mindspore.ops.primitive import Primitive
     from mindspore.train import Callback, RunContext, SummaryCollector
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("sidecar.inprocess needs MindSpore: pip install 'mstb-sidecar[mindspore]'") from exc
 
 from parsers import tags
 from parsers.records import Record
+from sidecar.output.event_scan import RunView
 from sidecar.output.run_writer import RunWriter
 
 log = logging.getLogger(__name__)
+
+# The op-seed counters of MindSpore's functional random ops (``mindspore.common.seed`` is also
+# the name of a function there, so ``from ... import`` gives the function, not the module).
+_KERNEL_SEED: dict[Any, int] = importlib.import_module("mindspore.common.seed")._KERNEL_SEED
 
 STOP_TIMEOUT = 30.0  # seconds the end of training waits for the writer, at most
 WRITE_INTERVAL = 0.25  # seconds between the writer's batches: it wakes per batch, never per point
@@ -69,7 +77,10 @@ class TensorBoardCallback(Callback):
     - ``grad-norm``: from that same output, or with ``compute_grad_norm=True`` recomputed before
       the step on its batch (one extra forward and backward per written step; the local,
       unclipped gradient; not available in sink mode). The network's parameters that the
-      optimizer does not update (batch-norm statistics) are put back afterwards, bit for bit.
+      optimizer does not update (batch-norm statistics) are put back afterwards, bit for bit, and
+      so are the seed counters of functional random ops (``ops.dropout``); random operator
+      objects (``nn.Dropout``'s) are replaced by the extra pass's own, so the training's random
+      draws stay as they were (see ``_GradNorm``).
     - ``iteration-time`` (ms) and ``throughput`` (samples/s per device, ``batch_size`` / step
       seconds; ``batch_size`` defaults to the dataset's): wall time per step since the previous
       point, data loading and callbacks included, so in sink mode the sink time / sink size. Both
@@ -97,6 +108,7 @@ class TensorBoardCallback(Callback):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._hung: threading.Thread | None = None  # a writer that outlived STOP_TIMEOUT
+        self._view: tuple[Path, RunView] | None = None  # the run as the last writer closed it
         self._samples = 0
         self._offset = 0
         self._last_written = 0
@@ -124,9 +136,10 @@ class TensorBoardCallback(Callback):
         self._guard(self._begin, run_context.original_args())
 
     def on_train_step_begin(self, run_context: RunContext) -> None:
-        cb = run_context.original_args()
-        if self._norm_on and not self.disabled and self._due(cb.cur_step_num):
-            self._norm = self._grad_norm(cb)
+        if self._norm_on and not self.disabled:
+            cb = run_context.original_args()
+            if self._due(cb.cur_step_num):
+                self._norm = self._grad_norm(cb)
 
     def on_train_step_end(self, run_context: RunContext) -> None:
         self._guard(self._step_end, run_context.original_args())
@@ -151,7 +164,7 @@ class TensorBoardCallback(Callback):
         self._samples = self.batch_size or cb.train_dataset.get_batch_size()
         optimizer = cb.optimizer or getattr(cb.train_network, "optimizer", None)
         self._rate = _Rate(optimizer, self._rate)
-        applied = self._rate.global_step()
+        applied = self._rate.start(cb.cur_step_num, type(cb.train_network) is nn.TrainOneStepCell)
         self._offset = applied - cb.cur_step_num if applied is not None and applied > cb.cur_step_num else 0
         self._norm_on = self.compute_grad_norm
         self._last_written, self._last_time = cb.cur_step_num, time.perf_counter()
@@ -174,7 +187,7 @@ class TensorBoardCallback(Callback):
         scalars = {tags.LOSS: loss, tags.ITERATION_TIME: seconds * 1000.0,
                    tags.THROUGHPUT: self._samples / seconds}
         if lr is None and self._rate is not None:
-            lr = self._rate.applied()
+            lr = self._rate.applied(step)
         if norm is not None:
             self._norm_on = False  # the network reports it: no extra pass
         norm, self._norm = (self._norm if norm is None else norm), None
@@ -210,10 +223,15 @@ class TensorBoardCallback(Callback):
 
     def _write_loop(self, run_dir: Path, first_step: int, pending: deque[Record],
                     stopping: threading.Event) -> None:
-        """Writer thread: owns the RunWriter (its directory scan is I/O too) and its own list."""
+        """Writer thread: owns the RunWriter (its directory scan is I/O too) and its own list.
+
+        A later training into the same directory starts its scan where this writer closed the run
+        (what a reused callback wrote is not read back: at start-up, with the GIL, that would cost
+        the training about 0.1 ms per point of the earlier trainings)."""
         writer: RunWriter | None = None
+        view, self._view = self._view, None
         try:
-            writer = RunWriter(run_dir)
+            writer = RunWriter(run_dir, view[1] if view and view[0] == run_dir else None)
             if writer.max_step >= first_step:  # restarted from an earlier step: supersede the tail
                 writer.resume(first_step, time.time(),
                               f"training restarted at step {first_step}; earlier points from this step on were superseded")
@@ -226,6 +244,7 @@ class TensorBoardCallback(Callback):
                 if last:
                     break
             writer.close()
+            self._view = run_dir, writer.view
         except Exception:
             log.exception("TensorBoard writer for %s failed; the callback is off for the rest of this "
                           "training, training goes on", run_dir)
@@ -251,6 +270,11 @@ class TensorBoardCallback(Callback):
 class _Rate:
     """The learning rate of an optimizer's latest update: its schedule at ``global_step - 1``.
 
+    ``global_step`` is read from the device once per training when the train network is a plain
+    ``nn.TrainOneStepCell`` (it calls the optimizer once per step, unconditionally, so the
+    optimizer's step moves with ``cur_step_num``), else at every point: a loss-scale cell skips
+    the update of an overflowed step, an accumulating one updates every few steps.
+
     Reading it must cost the step little: one graph call per point takes longer than a toy
     training step. A fixed rate is read from its Parameter (another callback may change it); a
     list of rates is copied to the host once; a schedule without Parameters depends on the step
@@ -275,15 +299,24 @@ class _Rate:
             self.block = previous.block if previous and previous.lr is lr else _Block(lr)
         self.cache: dict[int, float] = {}
         self.last: int | None = None
+        self.base: int | None = None  # global_step - cur_step_num, while they move together
 
-    def global_step(self) -> int | None:
-        """The optimizer's update count (``None`` without an optimizer)."""
+    def start(self, cur_step_num: int, in_step: bool) -> int | None:
+        """The optimizer's update count at the start of a training (``None`` without an
+        optimizer); ``in_step``: the optimizer runs exactly once in every step from here on."""
+        step = self.global_step(cur_step_num)
+        self.base = step - cur_step_num if in_step and step is not None else None
+        return step
+
+    def global_step(self, cur_step_num: int) -> int | None:
+        if self.base is not None:
+            return self.base + cur_step_num
         return None if self.step is None else int(self.step.asnumpy().reshape(-1)[0])
 
-    def applied(self) -> float | None:
+    def applied(self, cur_step_num: int) -> float | None:
         if not isinstance(self.lr, LearningRateSchedule):
             return None if self.lr is None else _scalar(self.lr)
-        step = self.global_step()
+        step = self.global_step(cur_step_num)
         if step is None:
             return None
         step -= 1  # the step of the update just applied
@@ -299,7 +332,7 @@ class _Rate:
             except Exception as exc:  # e.g. a schedule that does not compile unrolled
                 log.warning("learning rate read per point (slower): %s", exc)
                 self.block = None
-                return self.applied()
+                return self.applied(cur_step_num)
         self.last = step
         return self.cache[step]
 
@@ -321,7 +354,12 @@ class _GradNorm:
     The extra forward pass runs in training mode, because the step's gradient depends on it
     (batch statistics, not moving ones), and so moves the network's state: batch-norm statistics,
     any parameter the optimizer does not update. Those are copied (on the device) before and put
-    back after, bit for bit.
+    back after, bit for bit. Functional random ops take a seed from MindSpore's per-op counters
+    when traced (graph) or called (PyNative); the counters are put back too, so the training's
+    own random ops get the seeds they would have had. A random operator object (``nn.Dropout``
+    holds one) keeps its state in the object: graph mode compiles the extra pass with operators
+    of its own, and in PyNative the pass runs with copies of those a cell holds, kept from pass to
+    pass (MindSpore cannot save and restore the state itself).
     """
 
     def __init__(self, loss_net: nn.Cell, weights: Any) -> None:
@@ -329,17 +367,33 @@ class _GradNorm:
         self.graph = _NormGraph(loss_net, weights)
         trained = {id(w) for w in weights}
         self.state = [p for p in loss_net.get_parameters() if id(p) not in trained]
+        self.twins = _random_twins(loss_net) if ms.get_context("mode") == ms.PYNATIVE_MODE else []
 
     def measures(self, loss_net: nn.Cell, weights: Any) -> bool:
         return loss_net is self.loss_net and weights is self.weights
 
     def __call__(self, *inputs: Any) -> float:
         saved = [p.value().copy() for p in self.state]
+        seeds = dict(_KERNEL_SEED)
+        for cell, name, _, twin in self.twins:
+            setattr(cell, name, twin)
         try:
             return _scalar(self.graph(*inputs))
         finally:
             for param, value in zip(self.state, saved):
                 param.set_data(value)
+            _KERNEL_SEED.clear()
+            _KERNEL_SEED.update(seeds)
+            for cell, name, op, _ in self.twins:
+                setattr(cell, name, op)
+
+
+def _random_twins(net: nn.Cell) -> list[tuple[nn.Cell, str, Any, Any]]:
+    """(cell, attribute, operator, copy) for the random operators the cells of ``net`` hold
+    (MindSpore marks them ``side_effect_hidden``); a copy starts from the same seeds."""
+    return [(cell, name, value, copy.deepcopy(value)) for _, cell in net.cells_and_names()
+            for name, value in vars(cell).items()
+            if isinstance(value, Primitive) and value.attrs.get("side_effect_hidden")]
 
 
 class _NormGraph(nn.Cell):
@@ -357,7 +411,8 @@ class _NormGraph(nn.Cell):
 
 
 def _scalar(value: Any) -> float:
-    return float(np.mean(value.asnumpy() if isinstance(value, ms.Tensor) else value))
+    array = value.asnumpy() if isinstance(value, ms.Tensor) else np.asarray(value)
+    return float(array.item() if array.size == 1 else array.mean())  # a loss is one value: no reduction
 
 
 def _outputs(out: Any) -> tuple[float, float | None, float | None]:

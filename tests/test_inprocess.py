@@ -36,6 +36,7 @@ from parsers.records import Record  # noqa: E402
 from sidecar import inprocess  # noqa: E402
 from sidecar.inprocess import TensorBoardCallback, summary_collector  # noqa: E402
 from sidecar.mindspore.ms_summary import MsSummaryFile, find_summary_files  # noqa: E402
+from sidecar.output.event_scan import RunView  # noqa: E402
 
 BATCH, SINK = 4, 4
 
@@ -301,8 +302,8 @@ def test_full_queue_drops_points_and_never_blocks(tmp_path: Path, monkeypatch: p
     entered, release, written = threading.Event(), threading.Event(), []
 
     class StuckWriter:  # a hung filesystem, until release is set
-        def __init__(self, run_dir: Path) -> None:
-            self.max_step = -1
+        def __init__(self, run_dir: Path, since: RunView | None) -> None:
+            self.max_step, self.view = -1, RunView()
 
         def write(self, record: Record) -> None:
             entered.set()
@@ -329,7 +330,7 @@ def test_full_queue_drops_points_and_never_blocks(tmp_path: Path, monkeypatch: p
 
 
 class FullDisk:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, since: RunView | None) -> None:
         self.max_step = -1
 
     def write(self, record: Record) -> None:

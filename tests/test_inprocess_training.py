@@ -7,9 +7,11 @@ read back with TensorBoard's ``EventAccumulator``.
 
 - fit: ``Model.fit`` with a validation set every epoch; the callback was made before a ``chdir``.
 - stages: two ``model.train`` calls on one model (SGD, so the applied rate is -dw / grad), then a
-  resume from the checkpoint saved after the first, with ``initial_epoch``.
+  resume from the checkpoint saved after the first, with ``initial_epoch``; then (PyNative) a
+  train cell that updates in every other step only.
 - failures: a writer that dies (disk full) and one that hangs; then a later ``model.train``.
 - bn-plain, bn-norm: a BatchNorm network trained without and with ``compute_grad_norm``, from the same weights.
+- dropout: networks with dropout trained without and with ``compute_grad_norm``, in graph and PyNative mode.
 - reuse: one callback with ``compute_grad_norm`` given to two different networks in turn.
 - schedules: the cached learning-rate schedules against one-step evaluation, every third step.
 """
@@ -132,6 +134,24 @@ elif scenario == "stages":
     result["resumed_global_step"] = int(optimizer.global_step.asnumpy()[0])
     model.train(2, dataset(), initial_epoch=1,
                 callbacks=[TensorBoardCallback(out + "/tb_resume"), Capture("resume", applied=True)])
+
+    class EveryOther(nn.TrainOneStepCell):  # updates in odd steps only, as a skipping or accumulating cell
+        def __init__(self, network, optimizer):
+            super().__init__(network, optimizer)
+            self.calls = 0
+
+        def construct(self, *inputs):
+            self.calls += 1
+            return super().construct(*inputs) if self.calls % 2 else self.network(*inputs)
+
+    class Updates(Callback):
+        def on_train_step_end(self, run_context):
+            result.setdefault("updates", []).append(int(train_net.optimizer.global_step.asnumpy()[0]))
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # Python control flow in the train cell
+    net = dense()
+    train_net = EveryOther(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), schedule()))
+    Model(train_net).train(1, dataset(), callbacks=[TensorBoardCallback(out + "/tb_skips"), Updates()])
 elif scenario == "failures":
     inprocess.STOP_TIMEOUT = float(sys.argv[3])
     net = dense()
@@ -213,6 +233,30 @@ elif scenario in ("bn-plain", "bn-norm"):  # two separate trainings from the sam
         ms.load_param_into_net(ref, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in snapshot.items()})
         grads = ms.grad(loss_net, None, weights)(x, y)
         result["norm_reference"].append(float(np.sqrt(sum((g.asnumpy().astype(np.float64) ** 2).sum() for g in grads))))
+elif scenario == "dropout":  # per mode, the same training without and with compute_grad_norm
+    class Dropouts(nn.Cell):  # a dropout layer (an operator with a state), and functional dropout (a seed per call or trace)
+        def __init__(self):
+            super().__init__()
+            self.first = dense(0.3, 4, 8)
+            self.layer = nn.Dropout(p=0.5)
+            self.last = dense(0.2, 8, 1)
+
+        def construct(self, x):
+            return self.last(ops.dropout(self.layer(ops.relu(self.first(x))), p=0.25))
+
+    # one CPU thread: in graph mode MindSpore's dropout kernels draw on several threads, and the masks
+    # then vary from run to run (with the callback or without)
+    ms.device_context.cpu.op_tuning.threads_num(1)
+    for mode in ("graph", "pynative"):
+        ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+        for norm in (False, True):
+            ms.set_seed(0)
+            net = Dropouts()
+            model = Model(net, loss_fn=nn.MSELoss(), optimizer=nn.Momentum(net.trainable_params(), 0.01, 0.9))
+            name = f"{mode}-{'norm' if norm else 'plain'}"
+            model.train(1, dataset(32), callbacks=[TensorBoardCallback(out + "/" + name, compute_grad_norm=norm),
+                                                   Capture(name)])
+            np.savez(out + f"/{name}.npz", **{p.name: p.asnumpy() for p in model._train_network.get_parameters()})
 elif scenario == "reuse":
     callback = TensorBoardCallback(out + "/tb", compute_grad_norm=True)
     for name, net in (("first", dense(0.1)), ("second", nn.SequentialCell([dense(0.9, 4, 3), dense(-1.5, 3, 1)]))):
@@ -242,7 +286,7 @@ elif scenario == "schedules":
 with open(out + "/result.json", "w") as fh:
     json.dump(result, fh)
 """
-SCENARIOS = ("fit", "stages", "failures", "bn-plain", "bn-norm", "reuse", "schedules")
+SCENARIOS = ("fit", "stages", "failures", "bn-plain", "bn-norm", "dropout", "reuse", "schedules")
 
 
 def poly(step: int) -> float:
@@ -301,6 +345,13 @@ def test_learning_rate_is_the_rate_the_optimizer_applied(runs: dict) -> None:
         assert [written[s] for s in steps] == pytest.approx(result[name]["applied"], rel=1e-3), name
 
 
+def test_learning_rate_follows_the_updates_of_a_cell_that_skips_some(runs: dict) -> None:
+    out, result, _ = runs["stages"]
+    assert result["updates"] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]  # the optimizer's step, after each of 10 steps
+    written = scalars(out / "tb_skips" / "rank_0")["learning-rate"]
+    assert written == {s: poly(u - 1) for s, u in enumerate(result["updates"], 1)}
+
+
 def test_staged_training_continues_the_curve(runs: dict) -> None:
     out, result, _ = runs["stages"]
     series = scalars(out / "tb" / "rank_0")
@@ -347,6 +398,17 @@ def test_compute_grad_norm_leaves_the_model_bit_identical(runs: dict) -> None:
     assert plain_tb["loss"] == norm_tb["loss"] and len(norm_tb["loss"]) == 8
     assert "grad-norm" not in plain_tb
     assert [norm_tb["grad-norm"][s] for s in range(1, 9)] == pytest.approx(result["norm_reference"], rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_compute_grad_norm_leaves_dropout_masks_as_they_were(runs: dict, mode: str) -> None:
+    out, result, _ = runs["dropout"]
+    plain, norm = np.load(out / f"{mode}-plain.npz"), np.load(out / f"{mode}-norm.npz")
+    assert plain.files == norm.files and "first.weight" in plain.files
+    assert [k for k in plain.files if not np.array_equal(plain[k], norm[k])] == []
+    assert result[f"{mode}-plain"]["loss"] == result[f"{mode}-norm"]["loss"]
+    written = scalars(out / f"{mode}-norm" / "rank_0")
+    assert sorted(written["grad-norm"]) == list(range(1, 9)) and "grad-norm" not in scalars(out / f"{mode}-plain" / "rank_0")
 
 
 def test_a_reused_callback_measures_the_new_network(runs: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -69,7 +70,9 @@ def test_the_daemon_serves_metrics_and_probes_on_their_paths_only(tmp_path: Path
         assert code == 200 and text.startswith("alive: the main loop ran ")
         code, text = get(port, "/metrics")
         assert code == 200
-        assert f'mstb_sidecar_build_info{{python="{platform.python_version()}",version="{__version__}"}} 1.0' in text
+        job = (tmp_path / "out").resolve()
+        assert (f'mstb_sidecar_build_info{{python="{platform.python_version()}",sidecar="{socket.gethostname()}",'
+                f'training_job="{job}",version="{__version__}"}} 1.0') in text
         deadline = time.monotonic() + 30
         while 'mstb_sidecar_records_written_total{rank="1"} 200.0' not in text and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -91,7 +94,7 @@ def test_probes_follow_the_main_loop(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     notifier = Notifier()
     port = free_port()
-    metrics.serve(Engine(Settings(out=tmp_path / "out", roots=[tmp_path])), "127.0.0.1", port, notifier)
+    metrics.serve(Engine(Settings(out=tmp_path / "out", roots=[tmp_path])), "127.0.0.1", port, notifier, "job")
     assert wait_get(port, "/readyz", timeout=0) == (503, "not ready: the first scan is running\n")
     assert get(port, "/healthz") == (200, "starting: the first scan is running\n")
     notifier.ready("following 0 file(s)")

@@ -1,11 +1,13 @@
 """The in-process callback given to a real mindformers 1.9 ``Trainer`` (the ``mindformers`` tier).
 
 The tiny LLaMA of ``tests/mindformers_run`` trains 40 steps (two epochs of 20) with
-``TensorBoardCallback`` in the ``Trainer``'s callbacks and a checkpoint at step 20; then a second
-training resumes from that checkpoint (``resume_training``) with a new callback. At every step of
-both, the callback's ``loss``, ``learning-rate`` and ``grad-norm`` must equal mindformers' own
-TensorBoard values at the same global step: the resumed training continues at step 21, as
-mindformers' own curve does, with the rate the optimizer applied there.
+``TensorBoardCallback`` in the ``Trainer``'s callbacks, a checkpoint at step 20 and evaluation
+during training (``do_eval``: perplexity every 10 steps, mindformers' ``EvalCallBack`` calling
+``model.eval`` from inside the training); then a second training resumes from that checkpoint
+(``resume_training``) with a new callback. At every step of both, the callback's ``loss``,
+``learning-rate`` and ``grad-norm`` must equal mindformers' own TensorBoard values at the same
+global step: the resumed training continues at step 21, as mindformers' own curve does, with the
+rate the optimizer applied there.
 
 Reuses the venv and recipe of :mod:`test_mindformers_live` (``.cache/mfvenv``).
 """
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.mindformers
 
 RECIPE = REPO / "tests" / "mindformers_run"
 RECORDS = 40  # two epochs of 20 steps, batch 2
+EVAL_RECORDS = 4  # two batches per evaluation, at steps 10, 20, 30 and 40 (eval_step_interval)
 CHECKPOINT = ("callbacks=[{type: MFLossMonitor, per_print_times: 1}, {type: CheckpointMonitor, prefix: llama, "
               "save_checkpoint_steps: 20, keep_checkpoint_max: 2, checkpoint_format: ckpt}]")
 
@@ -58,9 +61,10 @@ def stages(mf_python: MfPython, tmp_path_factory: pytest.TempPathFactory) -> Pat
     workdir = tmp_path_factory.mktemp("mf-inprocess")
     script = workdir / "train_with_callback.py"
     script.write_text(TRAIN)
-    subprocess.run([str(mf_python.python), str(RECIPE / "make_data.py"), "data/train.mindrecord", str(RECORDS)],
-                   cwd=workdir, check=True, env=clean_env(), timeout=TRAIN_TIMEOUT, capture_output=True)
-    train(mf_python, workdir, script, "output/tb_first", CHECKPOINT)
+    for data in (["data/train.mindrecord", str(RECORDS)], ["eval_data/eval.mindrecord", str(EVAL_RECORDS), "32"]):
+        subprocess.run([str(mf_python.python), str(RECIPE / "make_data.py"), *data],
+                       cwd=workdir, check=True, env=clean_env(), timeout=TRAIN_TIMEOUT, capture_output=True)
+    train(mf_python, workdir, script, "output/tb_first", CHECKPOINT, "do_eval=True")
     # resume_training names the checkpoint of global step 20 (epoch 1); True would take the last one
     train(mf_python, workdir, script, "output/tb_resumed", CHECKPOINT, "resume_training=llama_rank_0-1_20.ckpt",
           "load_checkpoint=./output/checkpoint", "tensorboard.tensorboard_dir=./output/tensorboard_resumed")
@@ -73,7 +77,9 @@ def compare(ours: dict[str, dict[int, float]], truth: dict[str, dict[int, float]
         assert {s: truth[tag][s] for s in steps} == pytest.approx(ours[tag], rel=1e-6), tag
 
 
-def test_first_training_matches_mindformers_at_every_step(stages: Path) -> None:
+def test_training_with_evaluation_matches_mindformers_at_every_step(stages: Path) -> None:
+    evaluations = (stages.parent / "tb_first.log").read_text().count("Eval result: {'PerplexityMetric'")
+    assert evaluations == 4  # after steps 10, 20, 30 and 40
     compare(scalars(stages / "tb_first" / "rank_0"), scalars(stages / "tensorboard" / "rank_0"), range(1, 41))
 
 

@@ -27,6 +27,7 @@ from live_helpers import BIN, wait_until
 from tb_read import scalars
 
 UNIT = Path(__file__).parent.parent / "deploy" / "systemd" / "mstb-sidecar@.service"
+AGGREGATE_UNIT = UNIT.with_name("mstb-sidecar-aggregate@.service")
 ENV_EXAMPLE = UNIT.with_name("mstb-sidecar.env.example")
 VERSIONS = Path(__file__).parent / "fixtures" / "versions"
 
@@ -63,8 +64,8 @@ def exec_command(line: str, env: dict[str, str], instance: str) -> list[str]:
     return argv
 
 
-def unit_settings() -> dict[str, str]:
-    return dict(line.split("=", 1) for line in UNIT.read_text().splitlines() if "=" in line and not line.startswith("#"))
+def unit_settings(unit: Path = UNIT) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line and not line.startswith("#"))
 
 
 def notifications(sock: socket.socket, until: float, pings: int = 0) -> list[tuple[float, str]]:
@@ -79,11 +80,12 @@ def notifications(sock: socket.socket, until: float, pings: int = 0) -> list[tup
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_unit_passes_systemd_analyze_verify_without_warnings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unit", [UNIT, AGGREGATE_UNIT], ids=["node", "aggregate"])
+def test_unit_passes_systemd_analyze_verify_without_warnings(tmp_path: Path, unit: Path) -> None:
     exe = shutil.which("mstb-sidecar") or str(Path(sys.executable).parent / "mstb-sidecar")
-    text = UNIT.read_text().replace("/usr/local/bin/mstb-sidecar", exe)
-    (tmp_path / UNIT.name).write_text(text)
-    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "mstb-sidecar@job1.service")],
+    text = unit.read_text().replace("/usr/local/bin/mstb-sidecar", exe)
+    (tmp_path / unit.name).write_text(text)
+    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / unit.name.replace("@", "@job1"))],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == "", proc.stderr
@@ -96,6 +98,51 @@ def test_unit_has_the_promised_settings() -> None:
     for key, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes"}.items():
         assert settings[key] == value
     assert "WatchdogSec" in settings and "ReadWritePaths" in settings
+
+
+def test_aggregate_unit_matches_the_node_unit() -> None:
+    """Same ordering, restart and hardening as the node unit; it needs no network at all."""
+    node, settings = unit_settings(), unit_settings(AGGREGATE_UNIT)
+    shared = ["Type", "NotifyAccess", "EnvironmentFile", "WatchdogSec", "Restart", "KillSignal", "PartOf", "User",
+              "NoNewPrivileges", "ProtectSystem", "ReadWritePaths", "PrivateTmp", "CapabilityBoundingSet",
+              "SystemCallFilter"]
+    assert {key: settings[key] for key in shared} == {key: node[key] for key in shared}
+    assert settings["Before"].split() == ["train@%i.service", "mstb-sidecar@%i.service"]  # so it stops after them
+    assert settings["PrivateNetwork"] == "yes" and settings["RestrictAddressFamilies"] == "AF_UNIX"
+
+
+def test_aggregate_unit_command_with_the_example_env_speaks_the_notify_protocol(tmp_path: Path) -> None:
+    """The aggregate unit's ExecStart with the example environment file: READY=1 at once (no rank run
+    yet), watchdog pings, the job aggregate of a replayed two-rank run, and exit 0 on SIGTERM."""
+    root = tmp_path / "tb root"
+    env = environment_file(ENV_EXAMPLE.read_text().replace("/srv/tensorboard", str(root)))
+    env["MSTB_AGGREGATE_ARGS"] = "--poll-interval 0.1 --status-interval 0"
+    argv = exec_command(unit_settings(AGGREGATE_UNIT)["ExecStart"], env, "JOB")
+    assert argv[:4] == ["/usr/local/bin/mstb-sidecar", "aggregate", "--out", str(root / "JOB")]
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(0.2)
+    environ = {**os.environ, "NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "1000000"}
+    proc = subprocess.Popen([str(BIN), *argv[1:]], env=environ, stderr=subprocess.PIPE, text=True)
+    try:
+        received = [m for _, m in notifications(sock, time.monotonic() + 20, pings=2)]
+        assert any("READY=1" in m and "STATUS=following 0 rank run(s)" in m for m in received), received
+        subprocess.run([str(BIN), "replay", str(VERSIONS / "v1.9.0-graph" / "output" / "log"), "--out",
+                        str(root / "JOB"), "-q"], check=True, timeout=60)
+        run = root / "JOB" / "aggregate" / "job"
+        wait_until(lambda: run.exists() and len(scalars(run).get("loss/mean", {})) == 16, 20, "the job aggregate")
+        ranks = [scalars(root / "JOB" / f"rank_{rank}")["loss"] for rank in (0, 1)]
+        want = {step: (ranks[0][step] + ranks[1][step]) / 2 for step in ranks[0]}  # what the rank runs show
+        assert scalars(run)["loss/mean"] == pytest.approx(want, rel=1e-7, nan_ok=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        received = [m for _, m in notifications(sock, time.monotonic() + 0.5)]
+        assert any("STOPPING=1" in m for m in received)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
 
 
 def test_daemon_speaks_the_notify_protocol(tmp_path: Path) -> None:

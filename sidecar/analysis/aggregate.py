@@ -56,6 +56,7 @@ AGGREGATED = (
     tags.LOSS, tags.LEARNING_RATE, tags.GRAD_NORM, tags.LOSS_SCALE, tags.ITERATION_TIME, tags.THROUGHPUT,
     tags.MODEL_FLOPS, "lm-loss", "mtp-loss", "load-balancing-loss", "indexer-loss",
 )
+_AGGREGATED = frozenset(AGGREGATED)
 SLOWEST = f"{tags.ITERATION_TIME}/slowest-rank"
 WARN_EVERY = 60.0  # at most one warning about steps written without a rank per this many seconds
 
@@ -136,12 +137,17 @@ class CrossRankAggregator:
         if entry is None:
             entry = self._pending[step] = _Step(now, record.wall_time or 0.0)
             heapq.heappush(self._order, step)
-        for tag in AGGREGATED:
-            value = record.scalars.get(tag)
-            if value is None:
+        values = entry.values
+        for tag, value in record.scalars.items():
+            if tag not in _AGGREGATED:
                 continue
-            self.reporters.setdefault(tag, set()).add(rank)
-            entry.values.setdefault(tag, {})[rank] = value
+            by_rank = values.get(tag)
+            if by_rank is None:
+                by_rank = values[tag] = {}
+                self.reporters.setdefault(tag, set()).add(rank)
+            elif rank not in by_rank:
+                self.reporters[tag].add(rank)
+            by_rank[rank] = value
         self._write_due(now)
 
     def note_pipeline(self, line: PipelineLine) -> None:
@@ -318,16 +324,18 @@ class CrossRankAggregator:
                                rank_ranges(valid_loss))
             if not by_rank:
                 continue
-            finite = [v for v in by_rank.values() if math.isfinite(v)]
             values = list(by_rank.values())
-            if len(finite) < len(values):
-                scalars[f"{tag}/mean"] = math.nan  # a non-finite rank must show, not be averaged away
-            else:
+            if all(map(math.isfinite, values)):
+                finite = values
                 scalars[f"{tag}/mean"] = sum(values) / len(values)
+            else:
+                finite = [v for v in values if math.isfinite(v)]
+                scalars[f"{tag}/mean"] = math.nan  # a non-finite rank must show, not be averaged away
             if finite:
-                scalars[f"{tag}/min"] = min(finite)
-                scalars[f"{tag}/max"] = max(finite)
-                scalars[f"{tag}/spread"] = max(finite) - min(finite)
+                low, high = min(finite), max(finite)
+                scalars[f"{tag}/min"] = low
+                scalars[f"{tag}/max"] = high
+                scalars[f"{tag}/spread"] = high - low
             if tag == tags.ITERATION_TIME:
                 scalars[SLOWEST] = float(max(by_rank, key=lambda r: by_rank[r]))
         self._emitted = step

@@ -1,47 +1,268 @@
-"""Alerts: things a person watching a multi-day run wants to hear about at once.
+"""Alerts: trouble a person watching a multi-day run wants to hear about at once, one per episode.
 
-Non-finite loss or grad norm, fp16 overflow streaks, and error lines (tracebacks, NaN/Inf aborts,
-worker exits) go to the sidecar's own log (stderr, so journald keeps them) as warnings, and are
-counted per rank for the summary and the metrics endpoint. Benign lines that look alarming (the
-every-step pipeline warning, PyNative's ``grad_norm: NaN`` placeholder) never get here: the
-parsers do not turn them into values.
+Per rank: non-finite loss or grad norm, loss and grad-norm spikes, throughput drops (naming a
+checkpoint save at that step when the log reports one), fp16 overflow streaks, error lines
+(tracebacks, NaN/Inf aborts, worker exits), and, live only, a stall (:mod:`.detectors`).
+Across ranks: a rank more than N steps behind the furthest one, and ranks whose loss at the same
+step spreads beyond a tolerance (data-parallel ranks that should agree; only the ranks whose
+loss the aggregate counts, so pipeline stages that print no valid loss are left out).
+
+Every alert and every "resolved" is an :class:`Alert` handed to each sink in order: the
+sidecar's log (a warning naming rank, step, metric, value and threshold; stderr, so journald
+keeps it), and what the engine and service add: a TensorBoard text event, ``--on-alert``. Error
+lines have no end, so they are one alert each. Benign lines that look alarming (the every-step
+pipeline warning, PyNative's ``grad_norm: NaN`` placeholder) never get here: the parsers do not
+turn them into values.
+
+"Behind" compares ranks by what was read, so it is judged only when reading has caught up
+(live) or at the end of the input (replay): mid-backlog one rank's file is simply read first.
+Episodes live in memory: a restarted sidecar alerts again on trouble still going on.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from parsers import tags
 from parsers.assembler import ERROR_TAG
 from parsers.records import Record
+from sidecar.analysis.detectors import (
+    AlertSettings,
+    DropDetector,
+    Episode,
+    Group,
+    SpikeDetector,
+    StallDetector,
+)
 
 log = logging.getLogger("mstb_sidecar.alerts")
 
-OVERFLOW_STREAK = 10  # consecutive skipped updates before we call it a problem
+DIVERGENCE_STEPS = 1024  # steps whose per-rank losses wait for the last rank, at most
+CHECKPOINT_NEAR = 2  # a save at most this many steps before a drop explains it
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert or its resolution. ``rank`` is ``None`` for the ranks together."""
+
+    name: str  # "loss-spike", "nan-grad-norm", ...: the TensorBoard tag is alerts/<name>
+    group: Group
+    rank: int | None
+    step: int
+    metric: str
+    value: float | None
+    threshold: str
+    detail: str
+    resolved: bool = False
+    wall_time: float | None = None
+
+    def line(self) -> str:
+        where = f"rank {self.rank}" if self.rank is not None else "all ranks"
+        if self.resolved:
+            return f"RESOLVED {self.name}: {where}, step {self.step}: {self.detail}"
+        value = "" if self.value is None else f" = {self.value:.6g}"
+        limit = f" (threshold {self.threshold})" if self.threshold else ""
+        return f"ALERT {self.name}: {where}, step {self.step}: {self.metric}{value}{limit}; {self.detail}"
+
+    def as_json(self) -> dict[str, object]:
+        value = self.value if self.value is None or math.isfinite(self.value) else str(self.value)
+        return {"alert": self.name, "group": self.group.value, "state": "resolved" if self.resolved else "firing",
+                "rank": self.rank, "step": self.step, "metric": self.metric, "value": value,
+                "threshold": self.threshold, "detail": self.detail, "message": self.line()}
+
+
+Sink = Callable[[Alert], None]
+T = TypeVar("T")
+
+
+class RankWatch:
+    """One rank's detectors and the latest values (also the metrics endpoint's gauges)."""
+
+    def __init__(self, s: AlertSettings) -> None:
+        def on(enabled: bool, make: Callable[[], T]) -> T | None:
+            return make() if enabled else None
+
+        # (metric, its NaN episode, its spike detector), in the order they are judged
+        self.checks = [(tags.LOSS, on(s.nan.enabled, Episode), on(s.loss_spike.enabled, lambda: SpikeDetector(s.loss_spike))),
+                       (tags.GRAD_NORM, on(s.nan.enabled, Episode),
+                        on(s.grad_norm_spike.enabled, lambda: SpikeDetector(s.grad_norm_spike)))]
+        self.drop = on(s.throughput_drop.enabled, lambda: DropDetector(s.throughput_drop))
+        self.stall = on(s.stall.enabled, lambda: StallDetector(s.stall))
+        self.overflow = on(s.overflow.enabled, lambda: Episode(after=s.overflow.streak))
+        self.behind = Episode()
+        self.latest: dict[str, float] = {}  # the scalars of the latest step
+        self.last_step: int | None = None
+        self.arrived: float | None = None  # monotonic time of the latest step
+        self.checkpoint_step: int | None = None
 
 
 class Alerts:
-    def __init__(self) -> None:
-        self.counts: Counter[tuple[int, str]] = Counter()
-        self._overflow_streak: Counter[int] = Counter()
+    """Runs the detectors over each rank's records and hands what they find to the sinks."""
 
-    def observe(self, rank: int, record: Record) -> None:
-        for tag in (tags.LOSS, tags.GRAD_NORM):
-            value = record.scalars.get(tag)
-            if value is not None and not math.isfinite(value):
-                self._raise(rank, f"non-finite-{tag}", "rank %d step %d: %s is %s", rank, record.step, tag, value)
-        if record.training_step:
-            streak = self._overflow_streak[rank] + 1 if record.overflow else 0
-            self._overflow_streak[rank] = streak
-            if streak == OVERFLOW_STREAK:
-                self._raise(rank, "overflow", "rank %d step %d: %d overflowed steps in a row (loss scale too high?)",
-                            rank, record.step, streak)
-        error = record.texts.get(ERROR_TAG)
-        if error is not None:
-            self._raise(rank, "error", "rank %d near step %d: %s", rank, record.step, error[:300])
+    def __init__(self, settings: AlertSettings | None = None, live: bool = False) -> None:
+        self.settings = settings or AlertSettings()
+        self.live = live
+        self.sinks: list[Sink] = [self._log]
+        self.counts: Counter[tuple[int, str]] = Counter()  # (rank or -1, name) -> alerts raised
+        self.groups: Counter[Group] = Counter()
+        self.active: dict[tuple[int, str], bool] = {}  # (rank or -1, name) -> firing now
+        self.started: dict[tuple[int, str], float] = {}  # (rank or -1, name) -> monotonic time of the last start
+        self.ranks: dict[int, RankWatch] = {}
+        self._losses: dict[int, dict[int, float]] = {}  # step -> rank -> loss, for divergence
+        self._divergence_on = self.settings.divergence.enabled
+        self._loss_ranks: set[int] = set()  # ranks whose loss the divergence check has seen
+        self._divergence = Episode(after=self.settings.divergence.steps, clear=self.settings.divergence.steps)
+        self._diverged = 0
 
-    def _raise(self, rank: int, kind: str, fmt: str, *args: object) -> None:
-        self.counts[(rank, kind)] += 1
-        log.warning(fmt, *args, extra={"rate_key": (rank, kind)})
+    def watch(self, rank: int) -> RankWatch:
+        entry = self.ranks.get(rank)
+        if entry is None:
+            entry = self.ranks[rank] = RankWatch(self.settings)
+        return entry
+
+    # -- per record ------------------------------------------------------------------------
+    def observe(self, rank: int, record: Record, now: float, loss_ranks: set[int] | None = None) -> None:
+        """One record as written to the rank's run; ``loss_ranks``: whose loss the aggregate counts
+        (``None``: every rank), or an empty set for no divergence check (no aggregate)."""
+        watch = self.ranks.get(rank) or self.watch(rank)
+        if record.texts:
+            error = record.texts.get(ERROR_TAG)
+            if error is not None and self.settings.errors.enabled:
+                self._emit(Alert("error", Group.ERROR, rank, record.step, "log", None, "", error[:300],
+                                 wall_time=record.wall_time))
+            if tags.TEXT_CHECKPOINT in record.texts:
+                watch.checkpoint_step = record.step
+        if not record.training_step:
+            return
+        scalars = watch.latest = record.scalars
+        watch.last_step, watch.arrived = record.step, now
+        if watch.stall is not None and self.live:
+            ms = scalars.get(tags.ITERATION_TIME)
+            if watch.stall.arrival(now, None if ms is None else ms / 1000.0) == "end":
+                self._emit(Alert("stall", Group.STALL, rank, record.step, "step", None, "",
+                                 "a new step arrived", resolved=True, wall_time=record.wall_time))
+        isfinite = math.isfinite
+        for metric, nan, spike in watch.checks:
+            value = scalars.get(metric)
+            if value is None:
+                continue
+            if nan is not None and not (nan.idle and isfinite(value)):
+                verdict = nan.update(not isfinite(value))
+                if verdict:
+                    self._level(f"nan-{metric}", Group.NAN, rank, record, metric, value, verdict, math.nan,
+                                "not a finite number" if verdict == "start" else f"{metric} is finite again ({value:.6g})")
+            if spike is not None:
+                verdict = spike.judge(value)
+                if verdict:
+                    self._level(f"{metric}-spike", Group.SPIKE, rank, record, metric, value, verdict, spike.threshold,
+                                f"{value / spike.median:.1f}x the recent median {spike.median:.6g}" if verdict == "start"
+                                else f"{metric} back under {spike.threshold:.6g}")
+        drop = watch.drop
+        if drop is not None:
+            metric = tags.THROUGHPUT if tags.THROUGHPUT in scalars else tags.MODEL_FLOPS
+            value = scalars.get(metric)
+            verdict = None if value is None else drop.judge(value)
+            if verdict:
+                saved = watch.checkpoint_step
+                near = saved is not None and 0 <= record.step - saved <= CHECKPOINT_NEAR + drop.settings.steps
+                cause = f"; a checkpoint was saved at step {saved}" if near else ""
+                self._level("throughput-drop", Group.THROUGHPUT, rank, record, metric, value, verdict, drop.threshold,
+                            f"{1 - value / drop.median:.0%} below its recent median{cause}" if verdict == "start"
+                            else f"{metric} back above {drop.threshold:.6g}")
+        overflow = watch.overflow
+        if overflow is not None and (record.overflow or not overflow.idle):
+            verdict = overflow.update(record.overflow)
+            if verdict:
+                self._level("overflow", Group.OVERFLOW, rank, record, "overflow", None, verdict, math.nan,
+                            f"{overflow.after} overflowed updates in a row (loss scale too high?)"
+                            if verdict == "start" else "an update was applied again")
+        if self._divergence_on and (loss_ranks is None or rank in loss_ranks):
+            loss = scalars.get(tags.LOSS)
+            if loss is not None:
+                self._note_loss(rank, record.step, loss, record.wall_time)
+
+    def _level(self, name: str, group: Group, rank: int, record: Record, metric: str, value: float | None,
+               verdict: str, threshold: float, detail: str) -> None:
+        limit = "" if threshold != threshold else f"{threshold:.6g}"
+        self._emit(Alert(name, group, rank, record.step, metric, value, limit, detail, resolved=verdict == "end",
+                         wall_time=record.wall_time))
+
+    # -- across ranks ----------------------------------------------------------------------
+    def _note_loss(self, rank: int, step: int, loss: float, wall: float | None) -> None:
+        losses = self._losses.setdefault(step, {})
+        losses[rank] = loss
+        self._loss_ranks.add(rank)
+        if len(losses) < max(len(self._loss_ranks), 2):
+            if len(self._losses) > DIVERGENCE_STEPS:
+                del self._losses[min(self._losses)]
+            return
+        del self._losses[step]
+        s = self.settings.divergence
+        finite = sorted(v for v in losses.values() if math.isfinite(v))
+        if len(finite) < 2:
+            return
+        median = finite[len(finite) // 2]
+        spread, limit = finite[-1] - finite[0], max(s.abs, s.rel * abs(median))
+        verdict = self._divergence.update(spread > limit)
+        if verdict:
+            ranks = sorted(losses, key=losses.__getitem__)
+            detail = (f"loss from {finite[0]:.6g} (rank {ranks[0]}) to {finite[-1]:.6g} (rank {ranks[-1]}) "
+                      f"for {s.steps} steps" if verdict == "start" else "the ranks' losses agree again")
+            self._emit(Alert("divergence", Group.DIVERGENCE, None, step, "loss spread", spread, f"{limit:.6g}",
+                             detail, resolved=verdict == "end", wall_time=wall))
+
+    def check_behind(self) -> None:
+        """Judge how far each rank trails (call when reading has caught up, or at the end)."""
+        if not self.settings.rank_behind.enabled:
+            return
+        steps = {rank: w.last_step for rank, w in self.ranks.items() if w.last_step is not None}
+        if len(steps) < 2:
+            return
+        front = max(steps.values())
+        for rank, step in sorted(steps.items()):
+            watch = self.ranks[rank]
+            gap = front - step
+            verdict = watch.behind.update(gap > self.settings.rank_behind.steps)
+            if verdict:
+                detail = (f"{gap} steps behind the furthest rank (step {front})" if verdict == "start"
+                          else "caught up with the other ranks")
+                self._emit(Alert("rank-behind", Group.BEHIND, rank, step, "step", gap,
+                                 str(self.settings.rank_behind.steps), detail, resolved=verdict == "end"))
+
+    def check_stalls(self, now: float) -> None:
+        """Live: a rank with no new step for too long (a hang in a collective, a dead worker)."""
+        for rank, watch in sorted(self.ranks.items()):
+            if watch.stall is not None and watch.stall.check(now) == "start" and watch.last_step is not None:
+                limit = watch.stall.limit()
+                self._emit(Alert("stall", Group.STALL, rank, watch.last_step, "seconds since the last step",
+                                 round(now - (watch.arrived or now), 1), f"{limit:.0f} s",
+                                 "no new step; hung in a collective, or the worker died?"))
+
+    def next_check(self, now: float) -> float | None:
+        """Seconds until the next stall could be due (the live loop wakes by then)."""
+        due = [w.stall.arrived + w.stall.limit() - now for w in self.ranks.values()
+               if w.stall is not None and w.stall.arrived is not None and not w.stall.episode.active]
+        return max(min(due), 0.0) if due else None
+
+    # -- sinks -----------------------------------------------------------------------------
+    def _emit(self, alert: Alert) -> None:
+        key = (-1 if alert.rank is None else alert.rank, alert.name)
+        self.active[key] = not alert.resolved
+        if not alert.resolved:
+            self.started[key] = time.monotonic()
+            self.counts[key] += 1
+            self.groups[alert.group] += 1
+        for sink in self.sinks:
+            sink(alert)
+
+    @staticmethod
+    def _log(alert: Alert) -> None:
+        # Episodes bound themselves; error lines can come by the thousand, so they are rate-limited.
+        limit = {"rate_key": (alert.rank, alert.name)} if alert.group is Group.ERROR else None
+        log.warning("%s", alert.line(), extra=limit)

@@ -48,12 +48,22 @@ class Stream:
         self.assembler = StreamAssembler(companion_wait)
         self.prefix = PrefixSplitter()
         self.cursor = ChainCursor()
+        self._plain: str | None = None  # the last timestamped line skipped as plain since the last feed
 
     def feed(self, body: str, start: int, now: float, origin: object) -> tuple[ParsedLine | None, list[Record]]:
         message = self.prefix.split(body)
+        if self._plain is not None:
+            if message.timestamp is None:  # the record takes the time of the line before it
+                self.assembler.feed(None, self.prefix.split(self._plain).timestamp, start, now, origin)
+            self._plain = None
         parsed = parse_message(message)
         meaning = None if isinstance(parsed, MalformedLine) else parsed  # a bad line must not release a held head
         return parsed, self.assembler.feed(meaning, message.timestamp, start, now, origin)
+
+    def skip(self, line: str) -> None:
+        """A line :func:`parsers.fast_path.plain` found nothing in, with a timestamp: all the full
+        path would take from it is that, and only the next line without one of its own needs it."""
+        self._plain = line
 
 
 @dataclass

@@ -22,6 +22,11 @@ Assumptions and how each is guarded:
 - A partial last line is left unread until its newline arrives, so a line is never parsed
   half-written, and a restart re-reads it from its first byte.
 - A line longer than ``max_line`` is skipped to its newline and counted; the file keeps going.
+
+Polling (no file events) a thousand files that do not grow would ``fstat`` each of them every
+poll; with :attr:`FileTail.backoff` set, a file that has not grown for :data:`QUIET_AFTER` seconds
+is looked at again only after a wait that doubles from :data:`QUIET_START` up to ``backoff``
+seconds, and is back to every read as soon as it grows.
 """
 
 from __future__ import annotations
@@ -29,11 +34,15 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import time
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 HEAD_BYTES = 1024
 MARKER_BYTES = 64
+QUIET_AFTER = 10.0  # seconds without growth before a file is looked at less often (with a backoff)
+QUIET_START = 0.125  # the first wait then; it doubles per look that finds nothing new
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +76,10 @@ class FileTail:
         self.size = 0
         self.bytes_read = 0
         self.starved = False  # the last read stopped at its byte limit, complete lines may follow
+        self.backoff = 0.0  # longest wait between looks at a file that does not grow (0: look every read)
+        self._quiet = 0.0  # the current wait
+        self._next_look = 0.0  # monotonic time before which a read does not look
+        self._grew = time.monotonic()  # when a read last found new bytes
         self._fd: int | None = fd
         # The file's first bytes and the bytes just before the offset, as read: a file that
         # still holds both was appended to, not rewritten.
@@ -135,16 +148,49 @@ class FileTail:
     def read(self, budget: int) -> list[tuple[int, bytes]]:
         """Up to ``budget`` bytes of complete lines as ``(start offset, line without \\n)``."""
         fd = self._open()
+        self.starved = False
+        if self.backoff and time.monotonic() < self._next_look:
+            return []
         self.size = size = os.fstat(fd).st_size
         if size < self.offset:
             self._restart()
-        self.starved = False
         if size == self.offset:
+            if self.backoff and (now := time.monotonic()) - self._grew >= QUIET_AFTER:
+                self._quiet = min(self.backoff, 2 * self._quiet or QUIET_START)
+                self._next_look = now + self._quiet
             return []
+        if self._quiet:
+            self._quiet = self._next_look = 0.0
+        self._grew = time.monotonic()
         data = self._read_checked(fd, max(budget, self.max_line + 1), size)
-        lines: list[tuple[int, bytes]] = []
         base = self.offset
         self.starved = base + len(data) < size
+        lines = self._split(data, base)
+        if lines is not None:
+            pos = len(data) - len(lines.pop()[1])  # the partial last line waits for its newline
+        else:
+            lines, pos = self._scan(data, base)
+        self.offset = base + pos
+        self.bytes_read += pos
+        if len(self._head) < HEAD_BYTES:
+            self._head += data[: min(pos, HEAD_BYTES - len(self._head))]
+        self._before = (self._before + data[max(0, pos - MARKER_BYTES) : pos])[-MARKER_BYTES:]
+        return lines
+
+    def _split(self, data: bytes, base: int) -> list[tuple[int, bytes]] | None:
+        """The common case in C: no line over ``max_line``, no NUL filler, no line being skipped.
+        Returns the lines and, last, the partial line after them; ``None`` if the case is not common."""
+        if self.skipping or b"\x00" in data:
+            return None
+        parts = data.split(b"\n")
+        if max(map(len, parts)) > self.max_line or len(parts[-1]) >= self.max_line:
+            return None
+        return list(zip(accumulate(map((1).__add__, map(len, parts)), initial=base), parts))
+
+    def _scan(self, data: bytes, base: int) -> tuple[list[tuple[int, bytes]], int]:
+        """Line by line, skipping NUL filler and over-long lines; returns the lines and the
+        position after the last complete one."""
+        lines: list[tuple[int, bytes]] = []
         pos = 0
         end = len(data)
         while pos < end:
@@ -166,12 +212,7 @@ class FileTail:
             else:
                 lines.append((base + pos, data[pos:nl]))
             pos = nl + 1
-        self.offset = base + pos
-        self.bytes_read += pos
-        if len(self._head) < HEAD_BYTES:
-            self._head += data[: min(pos, HEAD_BYTES - len(self._head))]
-        self._before = (self._before + data[max(0, pos - MARKER_BYTES) : pos])[-MARKER_BYTES:]
-        return lines
+        return lines, pos
 
     def _read_checked(self, fd: int, limit: int, size: int) -> bytes:
         """Up to ``limit`` bytes from the offset, once the file is known to be the same file.

@@ -1,8 +1,16 @@
-"""File-change wake-ups for the live loop: inotify through watchdog where it works, else nothing.
+"""File-change wake-ups for the live loop: inotify (inotify_simple) where it works, else nothing.
 
 Polling is the baseline (it is what finds NFS writes from other hosts); file events only cut the
 wait between polls. Network and cluster filesystems never deliver remote writes as inotify
 events, so on them, and when inotify cannot be set up (watch limits), the loop just polls.
+
+Directories are watched, not files (a directory's watch reports writes to the files in it), one
+inotify descriptor for all of them, read by the loop itself in :meth:`WakeUp.wait`: no thread
+and no object per event. A training job appends hundreds of lines a second, a burst per step
+(every rank's lines): the loop waits :data:`COALESCE` after the first event for the rest of the
+burst and takes all queued events in one ``read`` (the kernel merges repeated writes to one file
+that nobody has read yet), so it reads a step of every rank in one round. ``--out`` is not watched (our own
+writes must not wake us).
 
 A watch dies with its directory: ``rm -rf output/log`` (a new job in the same place) deletes the
 watched root, and the re-created directory would send no events until the next full rescan.
@@ -10,8 +18,8 @@ So the watches are re-armed from the main loop (:meth:`WakeUp.take_structure_cha
 ``stat`` per root): while a root is gone its nearest existing ancestor is watched, for entries
 on the way to the root only, so the re-creation is itself an event; once it exists again (a
 new directory) it is watched anew and a structure change makes the loop rescan at once. A root
-renamed away sends no event (inotify's ``IN_MOVE_SELF`` is not reported) and is noticed at the
-next wake-up, at worst the loop's reconcile interval.
+renamed away is an event too; one whose parent was renamed away sends none and is noticed at
+the next wake-up, at worst the loop's reconcile interval.
 
 A ``--watch`` path that does not exist yet (the sidecar starts before the job) is a gone root
 from the start: it is awaited the same way, and taken for a directory until it appears (a file
@@ -20,25 +28,14 @@ named on the command line is then watched through the directory that holds it).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import threading
+import select
+import time
 from pathlib import Path
 
-from watchdog.events import (
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-    FileClosedEvent,
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-)
-from watchdog.observers import Observer
-from watchdog.observers.api import ObservedWatch
+from inotify_simple import INotify, flags
 
 from sidecar.following.discovery import linked_dirs
 
@@ -48,6 +45,14 @@ NETWORK_FS = frozenset(
     {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "glusterfs", "ceph", "9p", "fuse.sshfs",
      "fuse.juicefs", "fuse.s3fs", "fuse.ossfs", "fuse.obsfs", "fuse.gcsfuse", "afs", "panfs", "wekafs"}
 )
+
+# Only writes and changes of the tree wake us: our own opens and reads of the logs must not.
+_STRUCTURE = flags.CREATE | flags.DELETE | flags.MOVED_FROM | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF
+_TREE = flags.MODIFY | flags.CLOSE_WRITE | _STRUCTURE | flags.ONLYDIR | flags.DONT_FOLLOW
+# What an ancestor's watch reports: the directories on the way, or a root that is a file.
+_ON_THE_WAY = flags.CREATE | flags.DELETE | flags.MOVED_FROM | flags.MOVED_TO | flags.ONLYDIR
+COALESCE = 0.005  # after a write wakes the loop, the rest of its burst (every rank's lines) comes along
+REARM_PASSES = 3  # a root re-created while its ancestor's watch was being set sends no event
 
 
 def filesystem_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
@@ -65,41 +70,6 @@ def filesystem_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
             if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
                 best, kind = point, fields[2]
     return kind
-
-
-# Only writes and changes of the tree wake us: our own opens and reads of the logs must not.
-_CONTENT = (FileModifiedEvent, FileClosedEvent)
-_STRUCTURE = (FileCreatedEvent, FileMovedEvent, FileDeletedEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent)
-# What an ancestor's watch reports: the directories on the way, or a root that is a file.
-_ON_THE_WAY = (DirCreatedEvent, DirMovedEvent, DirDeletedEvent, FileCreatedEvent, FileMovedEvent)
-REARM_PASSES = 3  # a root re-created while its ancestor's watch was being set sends no event
-
-
-class _Wake(FileSystemEventHandler):
-    def __init__(self, owner: "WakeUp", ignore: str) -> None:
-        self._owner = owner
-        self._ignore = ignore
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if str(event.src_path).startswith(self._ignore):  # our own output must not wake us
-            return
-        if isinstance(event, _STRUCTURE):
-            self._owner.structure_changed = True
-        self._owner.event.set()
-
-
-class _Await(FileSystemEventHandler):
-    """For the watch on a gone root's ancestor: wakes the loop only for entries on the way to a
-    root (a busy ancestor such as a home directory must not wake it for anything else)."""
-
-    def __init__(self, owner: "WakeUp") -> None:
-        self._owner = owner
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        paths = [Path(str(p)) for p in (event.src_path, event.dest_path) if p]
-        if any(p == root or p in root.parents for p in paths for root in self._owner.roots):
-            self._owner.structure_changed = True
-            self._owner.event.set()
 
 
 def _nearest_dir(path: Path) -> Path:
@@ -121,24 +91,101 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _within(path: Path, top: Path) -> bool:
+    return path == top or top in path.parents
+
+
+class _Inotify:
+    """One inotify descriptor (``inotify_simple``); each watch descriptor belongs to one armed key
+    ``(dir, recursive)``."""
+
+    def __init__(self) -> None:
+        self._inotify = INotify(nonblocking=True)  # OSError where the system has no inotify
+        self.fd = self._inotify.fileno()
+        self.dirs: dict[int, tuple[Path, tuple[Path, bool]]] = {}  # wd -> (directory, armed key)
+
+    def watch(self, path: Path, mask: int, key: tuple[Path, bool]) -> None:
+        """Watch ``path`` for ``key``; a directory watched already (nested roots, a gone root's
+        ancestor inside another root) gets both masks, and a tree's key wins (it wakes for more)."""
+        wd = self._inotify.add_watch(path, mask | flags.MASK_ADD)
+        if wd not in self.dirs or key[1]:
+            self.dirs[wd] = (path, key)
+
+    def tree(self, top: Path, key: tuple[Path, bool], out: Path) -> None:
+        """Watch ``top`` and every directory below it (links not followed, ``out`` left out);
+        one that vanishes or may not be read on the way is skipped (a rescan finds its files)."""
+        stack = [top]
+        while stack:
+            path = stack.pop()
+            if _within(path, out):
+                continue
+            try:
+                self.watch(path, _TREE, key)
+                with os.scandir(path) as entries:
+                    stack.extend(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EACCES) or path == top:
+                    raise
+
+    def forget(self, keys: set[tuple[Path, bool]], below: Path | None = None) -> None:
+        """Remove the watches of ``keys`` (only those at or below ``below``, if given)."""
+        for wd, (path, key) in list(self.dirs.items()):
+            if key in keys and (below is None or _within(path, below)):
+                del self.dirs[wd]
+                try:
+                    self._inotify.rm_watch(wd)
+                except OSError:
+                    pass  # a watch the kernel already dropped (its directory is gone)
+
+    def events(self) -> list[tuple[int, int, str]]:
+        """Every queued (wd, mask, name), without waiting."""
+        return [(e.wd, e.mask, e.name) for e in self._inotify.read(timeout=0)]
+
+    def close(self) -> None:
+        self._inotify.close()
+
+
+class _Bell:
+    """``set()`` wakes :meth:`WakeUp.wait` from another thread (the signal relay), as a pipe."""
+
+    def __init__(self) -> None:
+        self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def set(self) -> None:
+        try:
+            os.write(self._write_fd, b"!")
+        except BlockingIOError:
+            pass  # already rung
+
+    def take(self) -> bool:
+        rang = False
+        try:
+            while os.read(self.read_fd, 512):
+                rang = True
+        except BlockingIOError:
+            pass
+        return rang
+
+
 class WakeUp:
-    """``wait(timeout)`` returns early when a watched file changes (if inotify is in use).
+    """``wait(timeout)`` returns early when a watched file changes (if inotify is in use) or when
+    :attr:`event` is set.
 
     ``structure_changed`` says a file or directory was created, moved or deleted since the
     last :meth:`take_structure_change`, i.e. a rescan is due now rather than at the next reconcile.
     """
 
     def __init__(self, roots: list[Path], out: Path, poll_only: bool) -> None:
-        self.event = threading.Event()
+        self.event = _Bell()
         self.structure_changed = False
-        self._paths, self._out = roots, out
+        self._paths, self._out = roots, out.resolve()
         self._missing = [r for r in roots if not r.exists()]
         self.roots = self._roots()
-        self._observer: Observer | None = None
-        self._wake = _Wake(self, str(out.resolve()) + "/")
-        self._await = _Await(self)
-        self._armed: dict[tuple[Path, bool], tuple[ObservedWatch, tuple[int, int] | None]] = {}
+        self._inotify: _Inotify | None = None
+        self._armed: dict[tuple[Path, bool], tuple[int, int] | None] = {}
         self._rearm_failed = False
+        self._poller = select.poll()
+        self._poller.register(self.event.read_fd, select.POLLIN)
         self.mode = "poll"
         if poll_only:
             return
@@ -146,16 +193,16 @@ class WakeUp:
         if network:
             log.info("polling only: %s does not deliver file events from other hosts", ", ".join(network))
             return
-        observer = Observer()
         try:
-            observer.start()
-            self._observer = observer
-            self._arm(observer)
+            self._inotify = _Inotify()
+            self._arm()
         except OSError as exc:
-            log.warning("file events unavailable (%s); polling only", exc)
-            self.stop()
-            self._observer = None
+            log.warning("file events unavailable (%s); polling only", exc.strerror or exc)
+            if self._inotify is not None:
+                self._inotify.close()
+                self._inotify = None
             return
+        self._poller.register(self._inotify.fd, select.POLLIN)
         self.mode = "inotify+poll"
 
     def _roots(self) -> list[Path]:
@@ -164,7 +211,7 @@ class WakeUp:
 
     @property
     def events(self) -> bool:
-        return self._observer is not None
+        return self._inotify is not None
 
     def take_structure_change(self) -> bool:
         """Was the tree changed (or a watch re-armed) since the last call? Re-arms dead watches."""
@@ -173,46 +220,97 @@ class WakeUp:
             self._missing = [r for r in self._missing if not r.exists()]
             self.roots = self._roots()
             changed = True
-        observer = self._observer
-        for _ in range(REARM_PASSES if observer is not None else 0):
+        for _ in range(REARM_PASSES if self._inotify is not None else 0):
             try:
-                if not self._arm(observer):
+                if not self._arm():
                     break
             except OSError as exc:  # e.g. the watch limit: the next call tries again, rescans go on
                 if not self._rearm_failed:
                     log.warning("cannot watch %s again (%s); new files are found by rescans until it works",
-                                ", ".join(map(str, self.roots)), exc)
+                                ", ".join(map(str, self.roots)), exc.strerror or exc)
                 self._rearm_failed = True
                 break
             changed = True
         return changed
 
-    def _arm(self, observer: Observer) -> bool:
+    def _arm(self) -> bool:
         """Watch each root (recursively), or its nearest existing ancestor while it is gone;
         replace watches whose directory is no longer the one watched. Returns whether any changed."""
+        inotify = self._inotify
+        assert inotify is not None
         want: dict[tuple[Path, bool], tuple[int, int] | None] = {}
         for root in self.roots:
             here = _nearest_dir(root)
             want[(here, here == root)] = _identity(here)
-        stale = [key for key, (_, identity) in self._armed.items() if want.get(key, ()) != identity]
+        stale = {key for key, identity in self._armed.items() if want.get(key, ()) != identity}
+        inotify.forget(stale)
         for key in stale:
-            observer.unschedule(self._armed.pop(key)[0])
+            del self._armed[key]
         added = [key for key in want if key not in self._armed]
-        for path, recursive in added:
-            handler, kinds = (self._wake, [*_CONTENT, *_STRUCTURE]) if recursive else (self._await, list(_ON_THE_WAY))
-            watch = observer.schedule(handler, str(path), recursive=recursive, event_filter=kinds)
-            self._armed[(path, recursive)] = (watch, want[(path, recursive)])
+        for key in added:
+            path, recursive = key
+            self._armed[key] = want[key]
+            if recursive:
+                inotify.tree(path, key, self._out)
+            else:
+                inotify.watch(path, _ON_THE_WAY, key)
         return bool(stale or added)
 
     def wait(self, timeout: float) -> None:
-        self.event.wait(timeout)
-        self.event.clear()
+        """Until a file event that matters (and :data:`COALESCE` more), :attr:`event` or ``timeout``;
+        takes every event queued."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self._poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
+            if self.event.take():
+                return
+            if self._take_events():
+                time.sleep(COALESCE)
+                self._take_events()
+                return
+            if not ready or time.monotonic() >= deadline:
+                return
+
+    def _take_events(self) -> bool:
+        """Note structure changes, watch new directories; whether any event should wake the loop."""
+        inotify = self._inotify
+        if inotify is None:
+            return False
+        wake = False
+        for wd, mask, name in inotify.events():
+            if not mask & (_STRUCTURE | flags.Q_OVERFLOW | flags.IGNORED):  # a write: only tree watches ask for them,
+                wake = True  # and never in --out (not watched; writes inside it are no event here)
+                continue
+            if mask & flags.Q_OVERFLOW:  # events were lost: rescan
+                self.structure_changed = wake = True
+                continue
+            if mask & flags.IGNORED:  # the kernel dropped the watch (its directory is gone)
+                inotify.dirs.pop(wd, None)
+                continue
+            entry = inotify.dirs.get(wd)
+            if entry is None:
+                continue
+            directory, key = entry
+            path = directory / os.fsdecode(name) if name else directory
+            if not key[1]:  # an ancestor's watch: only entries on the way to a root
+                if any(_within(root, path) for root in self.roots):
+                    self.structure_changed = wake = True
+                continue
+            if _within(path, self._out):  # our own output must not wake us
+                continue
+            wake = self.structure_changed = True
+            if mask & flags.ISDIR and mask & (flags.MOVED_FROM | flags.DELETE):
+                inotify.forget({key}, below=path)
+            if mask & flags.ISDIR and mask & (flags.CREATE | flags.MOVED_TO):
+                try:
+                    inotify.tree(path, key, self._out)
+                except (FileNotFoundError, NotADirectoryError):
+                    pass  # gone again already
+                except OSError as exc:  # the watch limit: rescans still find its files
+                    log.warning("cannot watch %s (%s); its files are found by rescans", path, exc.strerror or exc)
+        return wake
 
     def stop(self) -> None:
-        if self._observer is not None:
-            # Stopping races an emitter thread's last read, which watchdog logs as an ERROR
-            # ("queue_events() called when the thread is inactive"); nothing is lost at exit, and
-            # a spurious error line must not stand next to (or in for) the real reason we stop.
-            logging.getLogger("watchdog.observers.inotify").setLevel(logging.CRITICAL)
-            self._observer.stop()
-            self._observer.join(timeout=5)
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None

@@ -8,8 +8,9 @@ tensorboardX's protos and CRC but owns the file:
 - the file is created with ``O_EXCL`` and never truncated or reopened;
 - its name sorts after every event file already in the run directory, even if the clock went
   back, because TensorBoard reads a run's files in name order and later records win;
-- ``write`` only buffers; ``flush`` hands bytes to the kernel (visible to TensorBoard);
-  ``sync`` adds ``fsync`` (durable). A failed write is trimmed back to the last whole record, so
+- ``write`` buffers (and hands the buffer to the kernel once it holds :data:`BUFFER_BYTES`, so a
+  long replay between two checkpoints needs no more memory than a short one); ``flush`` hands
+  bytes to the kernel (visible to TensorBoard); ``sync`` adds ``fsync`` (durable). A failed write is trimmed back to the last whole record, so
   the file never ends in garbage that a later reader would choke on.
 """
 
@@ -26,6 +27,7 @@ from tensorboardX.proto import event_pb2
 from sidecar.output.tfrecord import frame
 
 PREFIX = "events.out.tfevents."
+BUFFER_BYTES = 256 << 10
 _NAME = re.compile(r"events\.out\.tfevents\.(\d+)\.")
 _HOST_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 _counter = 0
@@ -100,6 +102,7 @@ class EventFileWriter:
         st = os.fstat(self._fd)
         self._identity = (st.st_dev, st.st_ino)
         self._buffer: list[bytes] = []
+        self._buffered = 0
         self._durable_size = 0
         self.size = 0
         self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2"))
@@ -109,7 +112,11 @@ class EventFileWriter:
 
     def write_encoded(self, payload: bytes) -> None:
         """An ``Event`` already in wire format (:mod:`sidecar.output.scalar_event`)."""
-        self._buffer.append(frame(payload))
+        record = frame(payload)
+        self._buffer.append(record)
+        self._buffered += len(record)
+        if self._buffered >= BUFFER_BYTES:
+            self.flush()
 
     def flush(self) -> None:
         """Hand buffered records to the kernel; on error trim the partial write and re-raise."""
@@ -125,6 +132,7 @@ class EventFileWriter:
             self._trim()
             raise
         self._buffer.clear()
+        self._buffered = 0
         self.size += len(data)
 
     def sync(self) -> None:
@@ -155,6 +163,7 @@ class EventFileWriter:
     def abandon(self) -> None:
         """Close without writing what is still buffered (after a write error)."""
         self._buffer.clear()
+        self._buffered = 0
         os.close(self._fd)
 
     def _trim(self) -> None:

@@ -21,7 +21,6 @@ not noticed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from tensorboardX.proto import event_pb2, summary_pb2
@@ -57,10 +56,11 @@ class RunWriter:
         wall_time = record.wall_time if record.wall_time is not None else time.time()
         if record.texts:
             return self.write_values(record.step, wall_time, _values(record))
-        fresh = {tag: value for tag, value in record.scalars.items() if self._new(tag, record.step)}
+        step, marks = record.step, self.view.watermarks
+        fresh = {tag: value for tag, value in record.scalars.items() if marks.get(tag, -1) < step}
         if fresh:
-            self._ensure_file(wall_time).write_encoded(scalar_event.encode(record.step, wall_time, fresh))
-            self._mark(fresh, record.step)
+            self._ensure_file(wall_time).write_encoded(scalar_event.encode(step, wall_time, fresh))
+            self._mark(fresh, step)
         return len(fresh)
 
     def write_values(self, step: int, wall_time: float, values: list[summary_pb2.Summary.Value]) -> int:
@@ -75,11 +75,11 @@ class RunWriter:
     def _new(self, tag: str, step: int) -> bool:
         return self.view.watermarks.get(tag, -1) < step
 
-    def _mark(self, tags: Iterable[str], step: int) -> None:
+    def _mark(self, tags: dict[str, float] | list[str], step: int) -> None:
         marks = self.view.watermarks
         for tag in tags:
             marks[tag] = step
-            self.points_written += 1
+        self.points_written += len(tags)
 
     def holds(self, key: Identity) -> bool:
         """Does the run hold a point with this identity? (Reads the whole run: rarely asked.)"""

@@ -19,18 +19,39 @@ import struct
 
 _F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
+_SMALL = [bytes((n,)) for n in range(0x80)]
 
 
 def encode(step: int, wall_time: float, scalars: dict[str, float]) -> bytes:
     """``Event(wall_time, step, summary=Summary(value=[Value(tag, simple_value), ...]))``."""
-    values = b"".join(_field(1, _field(1, tag.encode()) + b"\x15" + _float32(value)) for tag, value in scalars.items())
-    return b"\x09" + _F64.pack(wall_time) + b"\x10" + _varint(step) + _field(5, values)
+    names = tuple(scalars)
+    heads = _HEADS.get(names)
+    if heads is None:
+        heads = [_head(tag) for tag in names]
+        if len(_HEADS) < _MAX_HEADS:
+            _HEADS[names] = heads
+    try:
+        values = b"".join(map(bytes.__add__, heads, map(_F32.pack, scalars.values())))
+    except OverflowError:  # finite but beyond float32: C's conversion, and protobuf's, give inf
+        values = b"".join(head + _float32(value) for head, value in zip(heads, scalars.values()))
+    return b"\x09" + _F64.pack(wall_time) + b"\x10" + _varint(step) + b"\x2a" + _varint(len(values)) + values
+
+
+# The tags of one record repeat on every step: their bytes up to each float are made once.
+_HEADS: dict[tuple[str, ...], list[bytes]] = {}
+_MAX_HEADS = 1024  # tags come from log content: the cache must not grow without bound
+
+
+def _head(tag: str) -> bytes:
+    """A ``Value``'s field header, its ``tag`` field and the ``simple_value`` key: all but the float."""
+    name = _field(1, tag.encode())
+    return _varint(1 << 3 | 2) + _varint(len(name) + 5) + name + b"\x15"
 
 
 def _float32(value: float) -> bytes:
     try:
         return _F32.pack(value)
-    except OverflowError:  # finite but beyond float32: C's conversion, and protobuf's, give inf
+    except OverflowError:
         return _F32.pack(math.copysign(math.inf, value))
 
 
@@ -40,6 +61,10 @@ def _field(number: int, payload: bytes) -> bytes:
 
 
 def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _SMALL[n]
+    if 0 < n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
     if n < 0:
         n += 1 << 64  # int64 two's complement, as protobuf encodes a negative int64
     out = bytearray()

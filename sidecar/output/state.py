@@ -19,6 +19,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -77,38 +78,42 @@ def runs_match(out: Path, state: State) -> dict[str, str]:
     return {key: why for key, why in lost.items() if why is not None}
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 class StateStore:
     def __init__(self, out_dir: Path, instance: str) -> None:
         self.path = out_dir / STATE_DIR / f"state-{instance_name(instance)}.json"
 
     def load(self) -> State:
+        return self.load_as(State, VERSION)
+
+    def load_as(self, model: type[M], version: int) -> M:
+        """The checkpoint as ``model``, or a fresh one (with a warning) when it is unreadable,
+        corrupt or of another version. ``model`` has a ``version`` field."""
         try:
             raw = self.path.read_bytes()  # decoded by json.loads: bad UTF-8 is corruption too
         except FileNotFoundError:
-            return State()
+            return model()
         except OSError as exc:
-            log.warning("cannot read state file %s (%s); starting from the beginning of every log", self.path, exc)
-            return State()
+            log.warning("cannot read state file %s (%s); starting from the beginning", self.path, exc)
+            return model()
         try:
-            state = State.model_validate(json.loads(raw))
+            state = model.model_validate(json.loads(raw))
         except (ValueError, ValidationError) as exc:
-            log.warning(
-                "state file %s is corrupt (%s); starting from the beginning of every log, "
-                "points already written are not repeated",
-                self.path,
-                str(exc).splitlines()[0],
-            )
-            return State()
-        if state.version != VERSION:
-            log.warning("state file %s has version %s; starting afresh", self.path, state.version)
-            return State()
+            log.warning("state file %s is corrupt (%s); starting from the beginning, points already "
+                        "written are not repeated", self.path, str(exc).splitlines()[0])
+            return model()
+        if getattr(state, "version", None) != version:
+            log.warning("state file %s has version %s; starting afresh", self.path, getattr(state, "version", None))
+            return model()
         return state
 
     def forget(self) -> None:
         """Drop the checkpoint (it claims output that is gone): the next start reads every log again."""
         self.path.unlink(missing_ok=True)
 
-    def save(self, state: State) -> None:
+    def save(self, state: BaseModel) -> None:
         directory = self.path.parent
         directory.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # never shared between processes

@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -18,6 +20,8 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sidecar.analysis.detectors import AlertSettings, Group
 
 
 class ConfigError(Exception):
@@ -52,8 +56,14 @@ class SidecarConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     wait_grace: float = Field(300.0, ge=0)
     status_interval: float = Field(60.0, ge=0)
+    # alerts
+    alerts: AlertSettings = AlertSettings()
+    on_alert: list[str] | None = None
+    on_alert_timeout: float = Field(10.0, gt=0)
+    job: str | None = None
     # replay
     progress: bool = True
+    fail_on: list[Group] = []
 
     @field_validator("loss_ranks", mode="before")
     @classmethod
@@ -63,6 +73,41 @@ class SidecarConfig(BaseModel):
                 return [int(part) for part in value.split(",") if part.strip()]
             except ValueError:
                 raise ValueError("a comma-separated list of ranks, e.g. 6,7") from None
+        return value
+
+    @field_validator("fail_on", mode="before")
+    @classmethod
+    def _groups(cls, value: object) -> object:
+        if isinstance(value, str):  # "nan,spike" from the command line
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        known = [g.value for g in Group]
+        for name in value if isinstance(value, list) else []:
+            if name not in known:
+                raise ValueError(f"unknown alert '{name}'; choose from {', '.join(known)}")
+        return value
+
+    @field_validator("alerts", mode="before")
+    @classmethod
+    def _alert_keys(cls, value: object) -> object:
+        """``loss-spike`` or ``loss_spike``, as for the top-level options."""
+        def norm(node: object) -> object:
+            return {str(k).replace("-", "_"): norm(v) for k, v in node.items()} if isinstance(node, dict) else node
+        return norm(value)
+
+    @field_validator("on_alert", mode="before")
+    @classmethod
+    def _command(cls, value: object) -> object:
+        """A command line split like a shell would, but run without one; it must exist now."""
+        if isinstance(value, str):
+            try:
+                value = shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot split the command ({exc})") from None
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("empty command")
+            if shutil.which(str(value[0])) is None:
+                raise ValueError(f"'{value[0]}' is not an executable on PATH; give its full path")
         return value
 
     @field_validator("rank_pattern")

@@ -79,4 +79,3 @@ def setup_logging(quiet: bool, verbose: bool, log_format: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
-    logging.getLogger("watchdog").setLevel(logging.INFO)

@@ -14,6 +14,7 @@ says otherwise.
 
 from __future__ import annotations
 
+import math
 import platform
 import socket
 import threading
@@ -27,24 +28,38 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from parsers import tags
 from sidecar import __version__
 from sidecar.engine import Engine
 from sidecar.service.notify import Notifier
 
+# tag -> (metric name after mstb_sidecar_training_, help); iteration-time is exported in seconds
+TRAINING_GAUGES = {
+    tags.LOSS: ("loss", "Latest loss (NaN when the log said so)"),
+    tags.LEARNING_RATE: ("learning_rate", "Latest learning rate"),
+    tags.GRAD_NORM: ("grad_norm", "Latest global gradient norm"),
+    tags.LOSS_SCALE: ("loss_scale", "Latest loss scale"),
+    tags.THROUGHPUT: ("throughput_samples_per_second", "Latest throughput, samples/s per device"),
+    tags.MODEL_FLOPS: ("model_tflops_per_device", "Latest model TFLOPS per device"),
+    tags.ITERATION_TIME: ("step_seconds", "Latest step time as the log reports it"),
+}
+ALERT_HOLD = 60.0  # a NaN that lasted one step must still reach a Prometheus scraping every 15-30 s
 STALE_AFTER = 30.0  # without a systemd watchdog: three of the main loop's longest waits (10 s)
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, job: str) -> None:
         self.engine = engine
+        self.job = job
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         engine = self.engine
         sources = list(engine.sources.values())
         build = GaugeMetricFamily("mstb_sidecar_build_info", "Always 1; the labels say what runs",
-                                  labels=["version", "python"])
-        build.add_metric([__version__, platform.python_version()], 1)
+                                  labels=["version", "python", "training_job", "sidecar"])
+        build.add_metric([__version__, platform.python_version(), self.job, engine.settings.instance], 1)
         yield build
+        yield from self._training(engine, time.monotonic())
         yield CounterMetricFamily("mstb_sidecar_bytes_read", "Log bytes read", value=engine.bytes_read)
         yield CounterMetricFamily("mstb_sidecar_lines_read", "Log lines read", value=engine.lines_read)
         written = CounterMetricFamily("mstb_sidecar_records_written", "Step records written", labels=["rank"])
@@ -80,10 +95,45 @@ class EngineCollector(Collector):
                                       "Aggregate steps written without every rank (a rank late past "
                                       "--aggregate-timeout, or a replay whose input ended first)",
                                       value=engine.aggregator.incomplete_steps)
-        alerts = CounterMetricFamily("mstb_sidecar_alerts", "Alerts raised", labels=["rank", "kind"])
+        alerts = CounterMetricFamily("mstb_sidecar_alerts", "Alert episodes begun (rank 'all': across ranks)",
+                                     labels=["rank", "kind"])
         for (rank_id, kind), count in sorted(engine.alerts.counts.items()):
-            alerts.add_metric([str(rank_id), kind], count)
+            alerts.add_metric(["all" if rank_id < 0 else str(rank_id), kind], count)
         yield alerts
+
+
+    def _training(self, engine: Engine, now: float) -> Iterator[GaugeMetricFamily]:
+        """Per-rank training gauges and alert state, labelled by job and rank (bounded: one series
+        per rank and metric, one per rank and alert kind raised)."""
+        labels = ["training_job", "rank"]
+        families = {tag: GaugeMetricFamily(f"mstb_sidecar_training_{name}", help_text, labels=labels)
+                    for tag, (name, help_text) in TRAINING_GAUGES.items()}
+        step = GaugeMetricFamily("mstb_sidecar_training_step", "Latest training step read", labels=labels)
+        since = GaugeMetricFamily("mstb_sidecar_training_seconds_since_step",
+                                  "Seconds since this sidecar read the rank's latest step", labels=labels)
+        for rank, watch in sorted(engine.alerts.ranks.items()):
+            key = [self.job, str(rank)]
+            if watch.last_step is not None:
+                step.add_metric(key, watch.last_step)
+            if watch.arrived is not None:
+                since.add_metric(key, max(now - watch.arrived, 0.0))
+            for tag, family in families.items():
+                value = watch.latest.get(tag)
+                if value is not None:
+                    family.add_metric(key, value / 1000.0 if tag == tags.ITERATION_TIME else value)
+        yield step
+        yield since
+        yield from families.values()
+        active = GaugeMetricFamily("mstb_sidecar_alert_active",
+                                   f"1 while an alert episode is on, and at least {ALERT_HOLD:g} s from its start "
+                                   "so a short one is scraped; else 0 (rank 'all': across ranks)",
+                                   labels=[*labels, "alert"])
+        alerts = engine.alerts
+        for key, on in sorted(alerts.active.items()):
+            rank, name = key
+            held = now - alerts.started.get(key, -math.inf) < ALERT_HOLD
+            active.add_metric([self.job, "all" if rank < 0 else str(rank), name], 1.0 if on or held else 0.0)
+        yield active
 
 
 class Probes:
@@ -151,9 +201,9 @@ def _family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
     return family, sockaddr[0]
 
 
-def serve(engine: Engine, host: str, port: int, notifier: Notifier) -> EngineCollector:
+def serve(engine: Engine, host: str, port: int, notifier: Notifier, job: str) -> EngineCollector:
     """Start the endpoint; the daemon points the returned collector at a new engine if it starts over."""
-    collector = EngineCollector(engine)
+    collector = EngineCollector(engine, job)
     registry = CollectorRegistry()
     registry.register(collector)
     server = _Server(host, port, registry, Probes(notifier))

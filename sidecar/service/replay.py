@@ -8,15 +8,17 @@ and status 1; its checkpoint is dropped, so running it again writes everything t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
-
-from tqdm import tqdm
+from types import SimpleNamespace
+from typing import Any
 
 from sidecar.engine import Engine, Settings
 from sidecar.output.event_file import OutputLost
 from sidecar.output.state import StateStore
+from sidecar.service.alert_command import AlertCommand
 from sidecar.service.config import SidecarConfig
 from sidecar.service.report import summary
 
@@ -24,9 +26,10 @@ log = logging.getLogger(__name__)
 
 READ_BUDGET = 4 << 20
 CHECKPOINT_EVERY = 5.0
+ALERT_DRAIN = 60.0  # seconds the end of a replay waits for --on-alert commands, at most
 
 
-def settings_from(config: SidecarConfig, live: bool) -> Settings:
+def settings_from(config: SidecarConfig, live: bool, on_alert: AlertCommand | None = None) -> Settings:
     return Settings(
         out=config.out,
         roots=config.paths,
@@ -39,12 +42,30 @@ def settings_from(config: SidecarConfig, live: bool) -> Settings:
         aggregate=config.aggregate,
         aggregate_timeout=config.aggregate_timeout if live else float("inf"),
         loss_ranks=set(config.loss_ranks) if config.loss_ranks is not None else None,
+        alerts=config.alerts,
+        alert_sinks=[on_alert] if on_alert is not None else [],
+        live=live,
     )
 
 
-def run_replay(config: SidecarConfig) -> int:
+def alert_command(config: SidecarConfig) -> AlertCommand | None:
+    return AlertCommand(config.on_alert, config.on_alert_timeout) if config.on_alert else None
+
+
+def _progress(total: int, show: bool) -> Any:
+    """A progress bar on a terminal; otherwise a stand-in, and tqdm (35 ms to import) is not loaded."""
+    if not show:
+        return contextlib.nullcontext(SimpleNamespace(update=lambda n: None))
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc="replay")
+
+
+def run_replay(config: SidecarConfig, alert_exit: int) -> int:
+    """0, or ``alert_exit`` when an alert that ``--fail-on`` names was raised."""
     started = time.monotonic()
-    engine = Engine(settings_from(config, live=False))
+    on_alert = alert_command(config)
+    engine = Engine(settings_from(config, live=False, on_alert=on_alert))
     try:
         engine.scan()
         if not engine.sources and not engine.summaries.files:
@@ -61,7 +82,7 @@ def run_replay(config: SidecarConfig) -> int:
             return 0
         total = sum(s.tail.stat().st_size - s.tail.offset for s in engine.sources.values())
         show = config.progress and not config.quiet and sys.stderr.isatty()
-        with tqdm(total=total, unit="B", unit_scale=True, disable=not show, desc="replay") as bar:
+        with _progress(total, show) as bar:
             last_checkpoint = time.monotonic()
             while True:
                 n = engine.pump(READ_BUDGET, time.monotonic())
@@ -79,6 +100,8 @@ def run_replay(config: SidecarConfig) -> int:
         return 1
     finally:
         engine.close()
+        if on_alert is not None:
+            on_alert.close(ALERT_DRAIN)
     if not engine.ranks and not engine.summaries.events and engine.lines_read:
         files = sorted(str(s.tail.path) for s in engine.sources.values() if s.tail.offset)
         log.warning("no mindformers step record was recognised in the %d line(s) read from %s; is it a "
@@ -87,4 +110,9 @@ def run_replay(config: SidecarConfig) -> int:
     elif not config.quiet:
         print(summary(engine, time.monotonic() - started))
         print(f"open it with: tensorboard --logdir {config.out}")
+    failed = sorted(group.value for group in config.fail_on if engine.alerts.groups[group])
+    if failed:
+        log.error("failing as --fail-on asks: %s alert(s) raised (see above); the runs are written",
+                  ", ".join(failed))
+        return alert_exit
     return 0

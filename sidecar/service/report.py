@@ -62,9 +62,13 @@ def summary(engine: Engine, seconds: float) -> str:
     if engine.summaries.events:
         lines.append(f"converted {engine.summaries.events} MindSpore summary event(s) "
                      f"from {len(engine.summaries.files)} file(s)")
-    alerts = sum(engine.alerts.counts.values())
-    if alerts:
-        lines.append(f"{alerts} alert(s) (non-finite values, errors); see the warnings above")
+    raised = engine.alerts.counts
+    if raised:
+        kinds = Counter[str]()
+        for (_, name), count in raised.items():
+            kinds[name] += count
+        lines += _wrap(f"{sum(raised.values())} alert(s): " + ", ".join(f"{n} {name}" for name, n in sorted(kinds.items()))
+                       + "; see the ALERT lines above and the alerts/ text tags")
     return "\n".join(lines)
 
 

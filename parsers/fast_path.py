@@ -1,0 +1,87 @@
+"""The fast path: recognising, cheaply, a line that the full parser would find nothing in.
+
+Most lines of a long training log are neither step records nor markers (dataset, memory, grouped
+learning-rate lines, MindSpore warnings). The full path routes, splits and dispatches each one
+only to learn that; :func:`plain` answers the same question with a prefix match and one search.
+
+What it accepts, as a whole line (label included):
+
+- a mindformers line (file or stdout prefix, ``[INFO] 2024-...`` / ``2024-06-18 ... - INFO - ``)
+  whose message contains none of the substrings the dispatch looks for
+  (:data:`parsers.line.NEEDLES`): :data:`TIMED`, as the full splitter gives it a timestamp;
+- a MindSpore native, CANN or MindIO line below :data:`parsers.line.ERROR_LEVELS`, which the
+  full path calls foreign and ignores: :data:`UNTIMED`, as the full splitter gives it none.
+
+Either starts like a log line, so it carries no launcher label and keeps the rank of the lines
+before it, and :func:`parsers.line.parse_message` returns ``None`` for it: all the full path
+takes from it is its timestamp, if any. Anything else (:data:`NOT_PLAIN`), and every line of a
+stream with a user ``--rank-pattern``, goes to the full parser: this path only ever says
+"nothing here", never what a line means.
+
+The needles are searched as the shortest suffix that starts at their rarest character (``kpoint``
+for ``checkpoint``), in one regex built as a trie: a message without the suffix cannot contain
+the needle, and rare first characters keep the regex from trying alternatives at most positions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from parsers.line import ERROR_LEVELS, NEEDLES
+from parsers.prefix import FILE_PREFIX, FOREIGN_PREFIX, STDOUT_PREFIX, native_level
+
+# Blanks, lower-case letters, digits and the punctuation of ordinary text, most common first;
+# any other character (upper case, braces) is rarer than all of them.
+_COMMON = " etaoinsrhldcu:,.mf_p/gwyb0123456789-[]()'=vkxjqz"
+_MIN_SUFFIX = 4
+
+
+def _rare_suffix(needle: str) -> str:
+    """The suffix of ``needle`` that starts at its rarest character and is at least
+    :data:`_MIN_SUFFIX` long (or the whole needle)."""
+    def rarity(i: int) -> int:
+        return _COMMON.index(needle[i]) if needle[i] in _COMMON else len(_COMMON)
+
+    return needle[max(range(max(len(needle) - _MIN_SUFFIX, 0) + 1), key=rarity):]
+
+
+def _any_of(words: set[str]) -> re.Pattern[str]:
+    """One regex that finds any of ``words``, as a trie: at each position at most one
+    alternative per character is tried (a flat alternation tries them all)."""
+    tree: dict[str, dict] = {}
+    for word in words:
+        node = tree
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, dict]) -> str:
+        if "" in node:
+            return ""  # a shorter word ends here: it alone decides
+        alts = [re.escape(ch) + build(child) for ch, child in sorted(node.items())]
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return re.compile(build(tree))
+
+
+_NEEDLE = _any_of({_rare_suffix(needle) for needle in NEEDLES})
+
+
+NOT_PLAIN, TIMED, UNTIMED = 0, 1, 2
+
+
+def plain(line: str) -> int:
+    """:data:`NOT_PLAIN`, or a plain line with (:data:`TIMED`) or without (:data:`UNTIMED`) a
+    timestamp of its own (see the module docstring)."""
+    first = line[:1]
+    if first == "[":
+        m = FILE_PREFIX.match(line)
+        if m is None:
+            return UNTIMED if FOREIGN_PREFIX.match(line) and native_level(line) not in ERROR_LEVELS else NOT_PLAIN
+    elif first.isdigit():
+        m = STDOUT_PREFIX.match(line)
+        if m is None:
+            return UNTIMED if FOREIGN_PREFIX.match(line) else NOT_PLAIN  # MindIO: no level the parser reads
+    else:
+        return NOT_PLAIN
+    return NOT_PLAIN if _NEEDLE.search(m.group(3)) else TIMED

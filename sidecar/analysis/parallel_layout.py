@@ -1,0 +1,79 @@
+"""The parallel layout a rank's log states, carried in its run for the job-wide aggregate.
+
+Why: under pipeline parallelism only the last stage's loss is valid, and which ranks that are
+depends on the job's world size and stage count, which only the logs state
+(:class:`~parsers.records.ParallelConfigLine`, :class:`~parsers.records.PipelineLine`). A node
+sidecar sees them in its ranks' logs; ``mstb-sidecar aggregate`` sees only the event files. So
+each rank's run gets a value :data:`LAYOUT_TAG` holding the layout as JSON, in the event before
+the first training step written after the layout changed: once per run, again when it changes,
+and once more after a restart of the node sidecar (which does not read the start-up lines again:
+that layout then says only what the log still states, and the reader keeps what it knew).
+
+The value is a string tensor like a text, but of a plugin of its own (:data:`LAYOUT_PLUGIN`),
+which TensorBoard does not display: the Text tab lists the tags the README documents.
+
+World sizes are kept one per kind (the last stated, the last derived), not merged: the reader
+hands both to :meth:`~sidecar.analysis.aggregate.CrossRankAggregator.note_parallel`, whose rule
+(stated wins) decides, as it does in the node sidecar.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ValidationError
+from tensorboardX.proto import summary_pb2
+
+from parsers.records import ParallelConfigLine, PipelineLine
+from sidecar.output.run_writer import text_value
+
+LAYOUT_TAG = "parallel-layout"
+LAYOUT_PLUGIN = "mstb-sidecar-parallel-layout"
+
+
+class ParallelLayout(BaseModel):
+    parallel: list[ParallelConfigLine] = []  # at most one derived, then at most one stated
+    pipeline: PipelineLine | None = None
+
+    def with_line(self, line: ParallelConfigLine | PipelineLine) -> ParallelLayout:
+        if isinstance(line, PipelineLine):
+            return ParallelLayout(parallel=self.parallel, pipeline=line)
+        kept = [p for p in self.parallel if p.derived != line.derived] + [line]
+        return ParallelLayout(parallel=sorted(kept, key=lambda p: not p.derived), pipeline=self.pipeline)
+
+
+def layout_value(layout: ParallelLayout) -> summary_pb2.Summary.Value:
+    value = text_value(LAYOUT_TAG, layout.model_dump_json())
+    value.metadata.plugin_data.plugin_name = LAYOUT_PLUGIN
+    value.metadata.plugin_data.content = b""
+    return value
+
+
+def read_layout(value: summary_pb2.Summary.Value) -> ParallelLayout | None:
+    """The layout a :func:`layout_value` holds; ``None`` for any other value, or a broken one."""
+    if value.tag != LAYOUT_TAG or value.metadata.plugin_data.plugin_name != LAYOUT_PLUGIN or not value.tensor.string_val:
+        return None
+    try:
+        return ParallelLayout.model_validate_json(value.tensor.string_val[0])
+    except (ValidationError, ValueError):
+        return None
+
+
+class LayoutNote:
+    """One rank's layout as its log states it, and whether its run shows that yet."""
+
+    def __init__(self) -> None:
+        self.layout = ParallelLayout()
+        self._due = False
+
+    def note(self, line: ParallelConfigLine | PipelineLine) -> None:
+        if line == self.layout.pipeline:
+            return  # the pipeline line repeats every step
+        layout = self.layout.with_line(line)
+        if layout != self.layout:
+            self.layout, self._due = layout, True
+
+    def take(self) -> summary_pb2.Summary.Value | None:
+        """The value to write before the next training step, if the layout changed."""
+        if not self._due:
+            return None
+        self._due = False
+        return layout_value(self.layout)

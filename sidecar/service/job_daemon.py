@@ -1,0 +1,151 @@
+"""``mstb-sidecar aggregate --out DIR``: the job-wide aggregate (:mod:`sidecar.analysis.job_aggregate`),
+live until SIGTERM/SIGINT, or ``--once``.
+
+Live, one thread polls every ``--poll-interval``: look for new rank runs, read a round of every
+run, write the steps that are due (complete, or late past ``--aggregate-timeout``), make them
+visible, checkpoint every ``--checkpoint-interval`` (fsync, then state), tell systemd
+(``Type=notify``: READY, STATUS, watchdog pings at half of ``$WATCHDOG_USEC``). It polls rather
+than watching file events: a poll costs a directory listing and a ``stat`` per run, the node
+sidecars' files may be on a network filesystem written by other hosts, and TensorBoard itself
+reloads every 5 s.
+
+SIGTERM/SIGINT: read what the runs hold now (for at most ``drain_timeout``), checkpoint, exit 0;
+steps still waiting for a rank wait in the checkpoint. The aggregate run deleted under it
+(:class:`OutputLost` at a checkpoint): start over from the rank runs, as the node daemon does.
+
+``--once``: read everything there is, write every step still waiting with the ranks that
+reported it (those without every rank are counted and marked), checkpoint, exit 0; deleted
+output ends it with status 1 and a dropped checkpoint, like ``replay``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import time
+from types import FrameType
+
+from sidecar.analysis.job_aggregate import JOB, JobAggregate
+from sidecar.output.event_file import OutputLost
+from sidecar.output.lock import hold
+from sidecar.output.state import StateStore
+from sidecar.service.config import SidecarConfig
+from sidecar.service.notify import Notifier
+
+log = logging.getLogger(__name__)
+
+
+class _Stop:
+    """SIGTERM/SIGINT set a flag; :meth:`wait` returns early when one arrives (the C-level
+    handler writes to a pipe, ``signal.set_wakeup_fd``, which the wait selects on)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._read, write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def wait(self, timeout: float) -> None:
+        if not self.requested:
+            select.select([self._read], [], [], timeout)
+        try:
+            while os.read(self._read, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+
+def run_job_aggregate(config: SidecarConfig, once: bool) -> int:
+    loss_ranks = set(config.loss_ranks) if config.loss_ranks is not None else None
+    if once:
+        return _once(config, loss_ranks)
+    stop = _Stop()
+    notifier = Notifier()
+    job = JobAggregate(config.out, config.aggregate_timeout, loss_ranks)
+    try:
+        job.scan()
+        log.info("aggregating the rank runs in %s into aggregate/%s; %d rank run(s) so far",
+                 config.out, JOB, len(job.runs))
+        notifier.ready(job.status())
+        while True:
+            try:
+                _follow(job, config, notifier, stop)
+                break
+            except OutputLost as lost:
+                log.warning("%s; writing it again from the rank runs", lost)
+                job.close()
+                hold(config.out, JOB)  # a deleted --out took the lock file with it
+                StateStore(config.out, JOB).forget()
+                job = JobAggregate(config.out, config.aggregate_timeout, loss_ranks)
+                job.scan()
+    except OSError:
+        job.abandon()
+        raise
+    job.close()
+    log.info("stopped: %s", job.status())
+    return 0
+
+
+def _follow(job: JobAggregate, config: SidecarConfig, notifier: Notifier, stop: _Stop) -> None:
+    idle_wait = min(config.poll_interval, notifier.watchdog_interval or config.poll_interval)
+    next_checkpoint = time.monotonic()
+    next_status = next_checkpoint + config.status_interval if config.status_interval else float("inf")
+    written = job.aggregator.writer.points_written
+    while not stop.requested:
+        now = time.monotonic()
+        job.check()
+        job.scan()
+        read = job.pump(now)
+        job.flush_due(now)
+        job.flush()
+        changed = read > 0 or job.aggregator.writer.points_written != written
+        written = job.aggregator.writer.points_written
+        if changed and now >= next_checkpoint:
+            job.checkpoint()
+            next_checkpoint = now + config.checkpoint_interval
+        status = job.status()
+        notifier.status(status)
+        if now >= next_status:
+            log.info("status: %s", status)
+            next_status = now + config.status_interval
+        notifier.healthy()
+        if read == 0:
+            stop.wait(idle_wait)
+    notifier.stopping()
+    deadline = time.monotonic() + config.drain_timeout
+    while time.monotonic() < deadline and job.pump(time.monotonic()):
+        pass
+    job.flush_due(time.monotonic())
+    job.checkpoint()
+
+
+def _once(config: SidecarConfig, loss_ranks: set[int] | None) -> int:
+    job = JobAggregate(config.out, float("inf"), loss_ranks)
+    try:
+        job.scan()
+        while job.pump(time.monotonic()):
+            pass
+        job.finish()
+        job.checkpoint()
+    except OutputLost as lost:
+        StateStore(config.out, JOB).forget()
+        log.error("%s; run the same command again to write it anew from the rank runs", lost)
+        return 1
+    except OSError:
+        job.abandon()
+        raise
+    finally:
+        job.close()
+    if not job.runs:
+        log.warning("no rank runs (rank_<N>/) under %s; nothing to aggregate", config.out)
+    elif not config.quiet:
+        print(f"read {job.events_read} event(s) of {len(job.runs)} rank run(s) -> {job.run_dir}: {job.status()}")
+    return 0

@@ -1,0 +1,169 @@
+"""Alerts end to end: the console, TensorBoard text events, ``--on-alert`` and ``--fail-on``.
+
+Real ``mstb-sidecar`` processes on real v1.9 logs; what TensorBoard shows is read back with its
+own loader. Rank 0 has one NaN loss, rank 1 one loss spike: exactly those two alerts (and their
+"resolved") must be raised, each naming rank and step, in replay and live; live, each within a
+second of its line being written, and a rank that stops gets a stall alert, then "resolved".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from live_helpers import BIN, LiveEnv, RankLog, wait_until
+from tb_read import scalars, texts
+
+pytest_plugins = ["live_helpers"]
+
+STEPS = 200
+NAN_STEP, SPIKE_STEP = 150, 120
+HOOK = """import json, sys
+alert = json.load(sys.stdin)
+with open(sys.argv[1], "a") as fh:
+    fh.write(json.dumps(alert) + "\\n")
+"""
+
+
+def loss_of(rank: int):
+    """A plausible noisy plateau; rank 0 has a NaN, rank 1 a spike."""
+    def loss(step: int) -> float:
+        if rank == 0 and step == NAN_STEP:
+            return math.nan
+        if rank == 1 and step == SPIKE_STEP:
+            return 9.5
+        return 2.0 + 0.01 * ((step * 7 + rank) % 5)
+    return loss
+
+
+def alert_lines(stderr: str) -> list[str]:
+    return re.findall(r"(?:ALERT|RESOLVED) [^\n]*", stderr)
+
+
+def test_replay_raises_exactly_the_nan_and_the_spike(tmp_path: Path) -> None:
+    logs = [RankLog(tmp_path / "output" / "log" / f"rank_{r}" / "info.log", r, loss_of=loss_of(r)) for r in (0, 1)]
+    for log in logs:
+        log.step(STEPS)
+    hook, sent = tmp_path / "hook.py", tmp_path / "sent.jsonl"
+    hook.write_text(HOOK)
+    out = tmp_path / "tb"
+    cmd = [str(BIN), "replay", str(tmp_path / "output"), "--out", str(out), "--on-alert",
+           f"{sys.executable} {hook} {sent}", "--fail-on", "nan"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 5, done.stderr
+    assert "failing as --fail-on asks: nan" in done.stderr
+    raised = sorted(line for line in alert_lines(done.stderr) if line.startswith("ALERT"))  # ranks read in any order
+    assert len(raised) == 2, done.stderr
+    assert raised[0].startswith(f"ALERT loss-spike: rank 1, step {SPIKE_STEP}: loss = 9.5 (threshold ")
+    assert raised[1].startswith(f"ALERT nan-loss: rank 0, step {NAN_STEP}: loss = nan")
+    resolved = sorted(line for line in alert_lines(done.stderr) if line.startswith("RESOLVED"))
+    assert [line.split(":")[0:2] for line in resolved] == [
+        ["RESOLVED loss-spike", f" rank 1, step {SPIKE_STEP + 5}"], ["RESOLVED nan-loss", f" rank 0, step {NAN_STEP + 1}"]]
+
+    shown = {rank: texts(out / f"rank_{rank}") for rank in (0, 1)}
+    assert sorted(shown[0]["alerts/nan-loss"]) == [NAN_STEP, NAN_STEP + 1]
+    assert shown[0]["alerts/nan-loss"][NAN_STEP].startswith(f"ALERT nan-loss: rank 0, step {NAN_STEP}")
+    assert sorted(shown[1]["alerts/loss-spike"]) == [SPIKE_STEP, SPIKE_STEP + 5]
+    assert not [tag for rank in (0, 1) for tag in shown[rank] if tag.startswith("alerts/")
+                and tag not in ("alerts/nan-loss", "alerts/loss-spike")]
+
+    received = sorted((json.loads(line) for line in sent.read_text().splitlines()), key=lambda a: (a["alert"], a["step"]))
+    assert [(a["alert"], a["state"], a["rank"], a["step"]) for a in received] == [
+        ("loss-spike", "firing", 1, SPIKE_STEP), ("loss-spike", "resolved", 1, SPIKE_STEP + 5),
+        ("nan-loss", "firing", 0, NAN_STEP), ("nan-loss", "resolved", 0, NAN_STEP + 1)]
+    assert received[2]["value"] == "nan" and received[0]["value"] == 9.5
+
+    again = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(out), "--fail-on", "spike,behind"],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "ALERT" not in again.stderr, again.stderr  # it reads only what is new
+    clean = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(tmp_path / "tb1"),
+                            "--fail-on", "spike,behind"], capture_output=True, text=True, timeout=60)
+    assert clean.returncode == 5, clean.stderr
+    clean = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(tmp_path / "tb2"),
+                            "--fail-on", "stall,throughput"], capture_output=True, text=True, timeout=60)
+    assert clean.returncode == 0, clean.stderr
+
+
+def test_bad_fail_on_and_on_alert_are_one_line_errors(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    for extra, said in ((["--fail-on", "nan,spikes"], "unknown alert 'spikes'; choose from nan, spike"),
+                        (["--on-alert", "no-such-command-xyz --flag"], "'no-such-command-xyz' is not an executable")):
+        done = subprocess.run([str(BIN), "replay", str(tmp_path / "in"), "--out", str(tmp_path / "tb"), *extra],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("wake_mode", ["inotify"])
+def test_live_alerts_within_a_second_and_a_stall_that_resolves(live: LiveEnv, tmp_path: Path) -> None:
+    config = tmp_path / "alerts.yaml"
+    config.write_text("alerts:\n  stall: {factor: 2, min-seconds: 1.5}\n  rank-behind: {steps: 1000}\n")
+    logs = [RankLog(live.output / "log" / f"rank_{r}" / "info.log", r, loss_of=loss_of(r)) for r in (0, 1)]
+    sidecar = live.sidecar("--config", str(config)).start()
+
+    def write_both_until(step: int) -> None:
+        while logs[0].next_step <= step:
+            for log in logs:
+                log.step()
+            time.sleep(0.002)
+
+    write_both_until(SPIKE_STEP - 1)
+    for name, log, step in (("loss-spike", logs[1], SPIKE_STEP), ("nan-loss", logs[0], NAN_STEP)):
+        write_both_until(step - 1)
+        log.step()
+        written = time.monotonic()
+        wait_until(lambda: f"ALERT {name}: rank {log.rank}, step {step}" in sidecar.stderr(), 5, f"the {name} alert")
+        assert time.monotonic() - written < 1.0, f"{name} took {time.monotonic() - written:.2f} s"
+        logs[1 - log.rank].step()
+
+    write_both_until(STEPS)
+    stopped = time.monotonic()
+    deadline = stopped + 4
+    while time.monotonic() < deadline and "ALERT stall: rank 1" not in sidecar.stderr():
+        logs[0].step()  # rank 0 goes on, rank 1 hangs
+        time.sleep(0.2)
+    assert "ALERT stall: rank 1" in sidecar.stderr(), sidecar.stderr()
+    assert 1.5 <= time.monotonic() - stopped < 3.5
+    assert "ALERT stall: rank 0" not in sidecar.stderr()
+    logs[1].step()
+    wait_until(lambda: "RESOLVED stall: rank 1" in sidecar.stderr(), 5, "the stall to resolve")
+    rc, _ = sidecar.stop()
+    assert rc == 0 and "Traceback" not in sidecar.stderr()
+    raised = sorted(line.split(",")[0] for line in alert_lines(sidecar.stderr()) if line.startswith("ALERT"))
+    assert raised == ["ALERT loss-spike: rank 1", "ALERT nan-loss: rank 0", "ALERT stall: rank 1"], sidecar.stderr()
+    assert STEPS in texts(live.out / "rank_1")["alerts/stall"]
+
+
+def test_alerts_across_ranks_are_also_in_the_aggregate_run(tmp_path: Path) -> None:
+    logs = [RankLog(tmp_path / "output" / "log" / f"rank_{r}" / "info.log", r, loss_of=loss_of(-1)) for r in (0, 1)]
+    logs[0].step(260)
+    logs[1].step(120)  # rank 1 died at step 120
+    out = tmp_path / "tb"
+    done = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(out), "--instance", "n1",
+                           "--fail-on", "behind"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 5, done.stderr
+    assert [line for line in alert_lines(done.stderr)] == [
+        "ALERT rank-behind: rank 1, step 120: step = 140 (threshold 100); 140 steps behind the furthest rank (step 260)"]
+    for run in (out / "rank_1", out / "aggregate" / "n1"):
+        assert list(texts(run)["alerts/rank-behind"]) == [120], run
+    assert "alerts/rank-behind" not in texts(out / "rank_0")
+
+
+def test_a_hung_on_alert_command_is_killed_and_never_holds_up_reading(tmp_path: Path) -> None:
+    logs = [RankLog(tmp_path / "output" / "log" / f"rank_{r}" / "info.log", r, loss_of=loss_of(r)) for r in (0, 1)]
+    for log in logs:
+        log.step(STEPS)
+    started = time.monotonic()
+    done = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(tmp_path / "tb"),
+                           "--on-alert", "sleep 60", "--on-alert-timeout", "0.3"], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "--on-alert sleep failed for loss-spike (killed after 0.3 s)" in done.stderr
+    assert took < 8, f"{took:.1f} s: four alerts at 0.3 s each, not four minutes"  # 4 alerts (2 resolved)
+    assert len(scalars(tmp_path / "tb" / "rank_1")["loss"]) == STEPS

@@ -1,0 +1,31 @@
+"""The one-command benchmark (``bench/run_all.py``) still runs end to end and prints its table.
+
+It checks that the benchmark works (a tiny ``--smoke`` configuration: one short replay, two
+ranks written live for a second, eight idle files), never how fast anything is: speed is
+measured in bench/, not asserted in tests. No baseline revision (``--baseline none``): a shallow
+clone may not hold it, and the comparison code is the same for one contender or two.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_run_all_smoke_prints_every_figure(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "run_all.py"), "--smoke", "--baseline", "none"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = done.stdout.split("== all figures ==", 1)[1]
+    assert "check: loss points per rank equal (50 on each of 1 ranks)" in figures
+    rows = {line.split("  ")[0]: line.split()[-1] for line in figures.splitlines() if "  " in line}
+    for label in ("live CPU ms / 1,000 lines", "live latency p99 ms", "idle % core, inotify", "idle % core, --poll",
+                  "startup s, replay --help", "startup s, replay of empty dir"):
+        float(rows[label])  # a number was measured for each figure
+    assert float(rows["live CPU ms / 1,000 lines"]) > 0
+    assert not list(tmp_path.iterdir()), "the benchmark left its temp files behind"

@@ -1,0 +1,133 @@
+"""The detectors' judgement, on records as the engine hands them over (no files, no clocks)."""
+
+from __future__ import annotations
+
+import math
+
+from parsers import tags
+from parsers.records import Record
+from sidecar.analysis.alerts import Alert, Alerts
+from sidecar.analysis.detectors import AlertSettings
+
+
+def watch(settings: AlertSettings | None = None, live: bool = False) -> tuple[Alerts, list[Alert]]:
+    alerts = Alerts(settings, live)
+    seen: list[Alert] = []
+    alerts.sinks.append(seen.append)
+    return alerts, seen
+
+
+def step(n: int, **scalars: float) -> Record:
+    values = {tags.LOSS: 2.0 + 0.01 * (n % 3), tags.THROUGHPUT: 100.0 + n % 2}
+    values.update({k.replace("_", "-"): v for k, v in scalars.items()})
+    return Record(n, None, values, training_step=True)
+
+
+def names(seen: list[Alert]) -> list[tuple[str, int | None, int, bool]]:
+    return [(a.name, a.rank, a.step, a.resolved) for a in seen]
+
+
+def test_one_alert_per_episode_however_long_it_lasts() -> None:
+    alerts, seen = watch()
+    for n in range(1, 301):
+        nan = 100 <= n < 200  # a NaN loss for 100 steps
+        alerts.observe(0, step(n, loss=math.nan if nan else 2.0), 0.0)
+    assert names(seen) == [("nan-loss", 0, 100, False), ("nan-loss", 0, 200, True)]
+    assert alerts.counts[(0, "nan-loss")] == 1
+
+
+def test_tiny_losses_and_warmup_do_not_alarm_but_a_real_spike_does() -> None:
+    alerts, seen = watch()
+    alerts.observe(0, step(1, loss=7.0), 0.0)  # the start of training is high: warm-up
+    for n in range(2, 200):
+        alerts.observe(0, step(n, loss=0.010 + 0.0001 * (n % 4)), 0.0)
+    alerts.observe(0, step(200, loss=0.013), 0.0)  # 30% up, but 0.003 in absolute terms
+    assert seen == []
+    alerts.observe(0, step(201, loss=0.5), 0.0)
+    assert names(seen) == [("loss-spike", 0, 201, False)]
+    assert seen[0].threshold == "0.21015"  # the absolute floor (median 0.01015 + 0.2) decides
+
+
+def test_a_loss_that_jumped_and_stayed_up_stays_alerted() -> None:
+    alerts, seen = watch()
+    for n in range(1, 400):
+        alerts.observe(0, step(n, loss=2.0 if n < 100 else 6.0), 0.0)
+    assert names(seen) == [("loss-spike", 0, 100, False)]
+
+
+def test_a_throughput_drop_names_the_checkpoint_save_that_explains_it() -> None:
+    alerts, seen = watch()
+    for n in range(1, 60):
+        alerts.observe(0, step(n), 0.0)
+    alerts.observe(0, Record(59, None, {tags.CHECKPOINT_SAVE_TIME: 12.0}, {tags.TEXT_CHECKPOINT: "saved"}), 0.0)
+    alerts.observe(0, step(60, throughput=20.0), 0.0)
+    alerts.observe(0, step(61), 0.0)
+    assert seen == []  # one slow step is noise
+    for n in range(62, 67):
+        alerts.observe(0, step(n, throughput=20.0), 0.0)
+    assert names(seen) == [("throughput-drop", 0, 64, False)]  # the third low step in a row
+    assert "80% below its recent median; a checkpoint was saved at step 59" in seen[0].detail
+    for n in range(67, 70):
+        alerts.observe(0, step(n), 0.0)
+    assert names(seen)[-1] == ("throughput-drop", 0, 69, True)  # three normal steps end it
+
+
+def test_overflow_streak_and_its_end() -> None:
+    alerts, seen = watch()
+    for n in range(1, 40):
+        record = step(n)
+        record.overflow = 10 <= n < 25
+        alerts.observe(3, record, 0.0)
+    assert names(seen) == [("overflow", 3, 19, False), ("overflow", 3, 25, True)]
+
+
+def test_ranks_that_disagree_for_long_enough_diverge() -> None:
+    alerts, seen = watch(AlertSettings(divergence={"steps": 10, "rel": 0.3}))
+    for n in range(1, 60):
+        alerts.observe(0, step(n, loss=2.0), 0.0)
+        apart = 20 <= n < 29 or 40 <= n < 55  # 9 steps apart: noise; 15 steps: divergence
+        alerts.observe(1, step(n, loss=4.0 if apart else 2.1), 0.0)
+    diverged = [a for a in seen if a.name == "divergence"]  # rank 1 also spiked, on its own
+    assert names(diverged) == [("divergence", None, 49, False)]  # agreed from step 55: 10 such steps end it
+    for n in range(60, 70):
+        alerts.observe(0, step(n, loss=2.0), 0.0)
+        alerts.observe(1, step(n, loss=2.1), 0.0)
+    assert names(seen)[-1] == ("divergence", None, 64, True)
+    assert len([a for a in seen if a.name == "divergence"]) == 2
+
+
+def test_pipeline_stages_without_a_valid_loss_are_not_compared() -> None:
+    alerts, seen = watch()
+    for n in range(1, 40):
+        alerts.observe(0, step(n, loss=0.0), 0.0, loss_ranks={1})  # a non-last stage prints no real loss
+        alerts.observe(1, step(n, loss=2.0), 0.0, loss_ranks={1})
+    assert seen == []
+
+
+def test_a_rank_that_ends_early_is_behind_at_the_end_of_a_replay() -> None:
+    alerts, seen = watch(AlertSettings(rank_behind={"steps": 50}))
+    for n in range(1, 301):
+        alerts.observe(0, step(n), 0.0)
+        if n <= 200:
+            alerts.observe(1, step(n), 0.0)
+    alerts.check_behind()
+    assert names(seen) == [("rank-behind", 1, 200, False)]
+    assert "100 steps behind the furthest rank (step 300)" in seen[0].detail
+
+
+def test_stall_uses_the_logged_step_time_and_a_floor() -> None:
+    alerts, seen = watch(AlertSettings(stall={"factor": 10, "min_seconds": 5}), live=True)
+    for n in range(1, 20):
+        alerts.observe(0, step(n, iteration_time=2000.0), float(n))  # 2 s per step, as the log says
+    assert alerts.next_check(19.0) == 20.0  # 10 x 2 s after the last step
+    alerts.check_stalls(38.9)
+    assert seen == []
+    alerts.check_stalls(39.1)
+    alerts.check_stalls(50.0)
+    assert names(seen) == [("stall", 0, 19, False)]
+    alerts.observe(0, step(20, iteration_time=2000.0), 51.0)
+    assert names(seen)[-1] == ("stall", 0, 20, True)
+    replayed, quiet = watch()
+    replayed.observe(0, step(1), 0.0)
+    replayed.check_stalls(1e9)
+    assert quiet == []  # a replay knows nothing of waiting

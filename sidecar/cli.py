@@ -48,6 +48,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="no cross-rank aggregate run (aggregate/<instance>)")
     parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
                         "(default: all, or the last pipeline stage when mindformers reports pipeline stages)")
+    parser.add_argument("--run-name", metavar="TEMPLATE",
+                        help="run directory of each rank under --out, from {rank}, {label}, {config_hash} "
+                        "(default rank_{rank}; e.g. {label}/{config_hash}/rank_{rank})")
+    parser.add_argument("--label", help="the {label} of --run-name, e.g. lora-r8")
+    parser.add_argument("--every", type=int, metavar="N", help="keep every N-th step per tag, and each tag's first "
+                        "and last point, non-finite values and alert steps (default 1: all)")
+    parser.add_argument("--max-event-file-mb", type=float, metavar="MB",
+                        help="start a new event file once one holds this many MiB (default: no limit)")
     _logging(parser)
 
 

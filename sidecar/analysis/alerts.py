@@ -26,6 +26,7 @@ class Alerts:
     def __init__(self) -> None:
         self.counts: Counter[tuple[int, str]] = Counter()
         self._overflow_streak: Counter[int] = Counter()
+        self.raised = 0  # alerts so far: --every keeps the steps at which this grows
 
     def observe(self, rank: int, record: Record) -> None:
         for tag in (tags.LOSS, tags.GRAD_NORM):
@@ -44,4 +45,5 @@ class Alerts:
 
     def _raise(self, rank: int, kind: str, fmt: str, *args: object) -> None:
         self.counts[(rank, kind)] += 1
+        self.raised += 1
         log.warning(fmt, *args, extra={"rate_key": (rank, kind)})

@@ -102,6 +102,7 @@ class EventFileWriter:
         self._buffer: list[bytes] = []
         self._durable_size = 0
         self.size = 0
+        self.pending_size = 0  # size once the buffer is flushed
         self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2"))
 
     def write(self, event: event_pb2.Event) -> None:
@@ -109,7 +110,9 @@ class EventFileWriter:
 
     def write_encoded(self, payload: bytes) -> None:
         """An ``Event`` already in wire format (:mod:`sidecar.output.scalar_event`)."""
-        self._buffer.append(frame(payload))
+        framed = frame(payload)
+        self._buffer.append(framed)
+        self.pending_size += len(framed)
 
     def flush(self) -> None:
         """Hand buffered records to the kernel; on error trim the partial write and re-raise."""

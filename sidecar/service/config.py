@@ -19,6 +19,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from parsers.custom_metrics import CustomMetric, MetricList
+from sidecar.output import run_names
+
 
 class ConfigError(Exception):
     """A fatal misuse: the message is shown as-is, with a non-zero exit and no traceback."""
@@ -37,6 +40,11 @@ class SidecarConfig(BaseModel):
     aggregate: bool = True
     aggregate_timeout: float = Field(30.0, gt=0)
     loss_ranks: list[int] | None = None
+    run_name: str = run_names.DEFAULT
+    label: str | None = None
+    every: int = Field(1, ge=1, description="keep every N-th step per tag")
+    metrics: list[CustomMetric] = []  # config file only: parsers.custom_metrics
+    max_event_file_mb: float | None = Field(None, gt=0)
     quiet: bool = False
     verbose: bool = False
     log_format: Literal["text", "json"] = "text"
@@ -64,6 +72,16 @@ class SidecarConfig(BaseModel):
             except ValueError:
                 raise ValueError("a comma-separated list of ranks, e.g. 6,7") from None
         return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, value: list[CustomMetric]) -> list[CustomMetric]:
+        return MetricList(metrics=value).metrics  # unique names and tags
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        return run_names.check_template(value)
 
     @field_validator("rank_pattern")
     @classmethod

@@ -39,6 +39,11 @@ def settings_from(config: SidecarConfig, live: bool) -> Settings:
         aggregate=config.aggregate,
         aggregate_timeout=config.aggregate_timeout if live else float("inf"),
         loss_ranks=set(config.loss_ranks) if config.loss_ranks is not None else None,
+        run_name=config.run_name,
+        label=config.label,
+        every=config.every,
+        metrics=config.metrics,
+        max_file_bytes=int(config.max_event_file_mb * (1 << 20)) if config.max_event_file_mb else None,
     )
 
 

@@ -2,8 +2,8 @@
 
 Most lines of a training log are neither metrics nor markers, so the dispatch looks at the
 first character and a few substrings before any regex runs. :data:`NEEDLES` lists every
-substring the dispatch looks for: a mindformers message that contains none of them means
-nothing, and neither does a foreign line below :data:`ERROR_LEVELS` (:mod:`parsers.fast_path`
+substring the dispatch or the start-up collector (:mod:`parsers.run_config`) looks for: a
+mindformers message that contains none of them means nothing, and neither does a foreign line below :data:`ERROR_LEVELS` (:mod:`parsers.fast_path`
 relies on both).
 """
 
@@ -13,6 +13,7 @@ from parsers.event_lines import NEEDLES as EVENT_NEEDLES, parse_checkpoint_line,
 from parsers.parallel_lines import PREFIXES as PARALLEL_PREFIXES, parse_parallel_line
 from parsers.prefix import Message
 from parsers.records import ErrorLine, MalformedLine, ParsedLine
+from parsers.run_config import PREFIXES as STARTUP_PREFIXES
 from parsers.step_lines import (
     parse_bar_line,
     parse_epoch_end_line,
@@ -34,7 +35,7 @@ _BAR = "samples/s/p"
 _CHECKPOINT = ("checkpoint", "saving ckpt", "Checkpoint")
 NEEDLES = (
     _GRAPH_HEAD, _PYNATIVE_HEAD, _EPOCH, _EVAL, _EPOCH_TIME, _EXPERIMENTAL, _EXPERIMENTAL_TRAIN, _SINK_TIME,
-    *PARALLEL_PREFIXES, _BAR, *_CHECKPOINT, *EVENT_NEEDLES,
+    *PARALLEL_PREFIXES, _BAR, *_CHECKPOINT, *EVENT_NEEDLES, *STARTUP_PREFIXES,  # start-up lines: run metadata
 )
 
 

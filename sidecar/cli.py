@@ -57,7 +57,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         "'resolved', with the alert as JSON on stdin; it never blocks reading")
     parser.add_argument("--on-alert-timeout", type=float, metavar="SECONDS",
                         help="kill an --on-alert command after this long (default 10)")
-    parser.add_argument("--job", help="label 'training_job' of the metrics (default: the absolute --out)")
+    parser.add_argument("--job", help="the job's name: label 'training_job' of the metrics (default: the absolute "
+                        "--out) and {job} of --run-name")
+    parser.add_argument("--run-name", metavar="TEMPLATE",
+                        help="run directory of each rank under --out, from {rank}, {job}, {label}, {config_hash} "
+                        "(default rank_{rank}; e.g. {label}/{config_hash}/rank_{rank})")
+    parser.add_argument("--label", help="the {label} of --run-name, e.g. lora-r8")
+    parser.add_argument("--every", type=int, metavar="N", help="keep every N-th step per tag, and each tag's first "
+                        "and last point, non-finite values and alert steps (default 1: all)")
+    parser.add_argument("--max-event-file-mb", type=float, metavar="MB",
+                        help="start a new event file once one holds this many MiB (default: no limit)")
     _logging(parser)
 
 

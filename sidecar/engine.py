@@ -3,6 +3,12 @@
     discover files -> tail bytes -> split lines by rank -> parse -> assemble per-rank records
     -> sequence (new / duplicate / superseded / resume) -> write events, raise alerts -> checkpoint
 
+Beside the records, each stream collects the run configuration lines (:mod:`parsers.run_config`)
+into the rank's run metadata (:mod:`sidecar.output.run_meta`, written at checkpoints), which also
+names the run (``--run-name``, :mod:`sidecar.output.run_names`) and gives the global batch size
+for the batch-derived tags and their ``vs samples`` twins (:mod:`sidecar.output.samples`);
+``--every`` thins what reaches a rank's run (:mod:`sidecar.output.thinning`).
+
 Invariant: every (rank, tag, step) reaches its run's event files exactly once, however often
 the engine is stopped, killed or restarted, and in whatever order overlapping files
 (``info.log`` and ``worker_N.log``, attempt directories) are read; every step record read is
@@ -41,7 +47,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parsers.custom_metrics import CustomMatcher, CustomMetric
 from parsers.fast_path import NOT_PLAIN, TIMED, plain
+from parsers.prefix import Message
 from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, PipelineLine, Record
 from sidecar.analysis.accounting import Accounting, Reason
@@ -54,10 +62,14 @@ from sidecar.following.chains import LATE, Chain, Stream, first_record, text_of
 from sidecar.following.discovery import Candidate, discover
 from sidecar.following.tailer import FileTail, Identity
 from sidecar.mindspore.ms_follow import SummaryFollower
+from sidecar.output import run_names
 from sidecar.output.event_scan import RunView
 from sidecar.output.layout import LayoutRun
+from sidecar.output.run_meta import RunMetadata
 from sidecar.output.run_writer import RunWriter
+from sidecar.output.samples import SAMPLES_RUN, SampleTags
 from sidecar.output.state import FileState, RunState, State, StateStore, StreamState, instance_name, runs_match
+from sidecar.output.thinning import Thinner
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +97,12 @@ class Settings:
     alerts: AlertSettings = field(default_factory=AlertSettings)
     alert_sinks: list[Callable[[Alert], None]] = field(default_factory=list)  # besides the log and the runs
     live: bool = False
+    run_name: str = run_names.DEFAULT
+    label: str | None = None
+    job: str | None = None  # --job: the {job} of --run-name
+    every: int = 1  # --every: keep every N-th step per tag (sidecar.output.thinning)
+    max_file_bytes: int | None = None  # --max-event-file-mb
+    metrics: list[CustomMetric] = field(default_factory=list)  # the config file's metrics:
 
 
 class Source:
@@ -122,13 +140,14 @@ class RankStats:
 
 
 class Rank:
-    def __init__(self, run_dir: Path, since: RunView | None) -> None:
-        self.writer = RunWriter(run_dir, since)
+    def __init__(self, run_dir: Path, name: str, since: RunView | None, settings: Settings) -> None:
+        self.name = name  # its path under --out
+        self.writer = RunWriter(run_dir, since, settings.max_file_bytes)
+        self.thinner = Thinner(settings.every, self.writer.view) if settings.every > 1 else None
         self.sequencer = RankSequencer(self.writer.max_step, self.writer.holds)
         for key, shown in self.writer.view.recent.items():
             self.sequencer.remember(key, shown)
         self.stats = RankStats()
-        self.layout = LayoutNote()  # what its log states of the parallel layout, for its run
 
 
 class Engine:
@@ -150,6 +169,7 @@ class Engine:
         self.alerts.sinks += [self._alert_event, *settings.alert_sinks]
         self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
         self._other_runs: dict[str, RunWriter] = {}
+        self._layouts: dict[int, LayoutNote] = {}  # per rank: what its log states of the parallel layout
         self.aggregator = (
             CrossRankAggregator(
                 settings.out / "aggregate" / instance_name(settings.instance),
@@ -161,6 +181,9 @@ class Engine:
         )
         if self.aggregator is not None and self._restored.aggregate is not None:
             self.aggregator.restore(self._restored.aggregate)  # what it waited for before the restart
+        self.meta = RunMetadata()
+        self.custom = CustomMatcher(settings.metrics) if settings.metrics else None
+        self.samples = SampleTags(self.meta.batch, lambda rank: self.run_writer(f"{self.rank(rank).name}/{SAMPLES_RUN}"))
         self.layout = LayoutRun(self.run_writer(f"layout/{instance_name(settings.instance)}"))
         self.bytes_read = 0
         self.lines_read = 0
@@ -232,7 +255,11 @@ class Engine:
             first = None
             if not self._pumped:
                 paths = [s.tail.path for s in sorted(members, key=lambda s: -s.candidate.backup)]
-                first = first_record(paths, self.settings.default_rank, self.settings.rank_pattern)
+                startup: dict[int, list[dict[str, object]]] = {}
+                first = first_record(paths, self.settings.default_rank, self.settings.rank_pattern, startup)
+                for rank, updates in startup.items():  # the configuration before any run is named
+                    for update in updates:
+                        self.meta.note(rank, update)
             self._chain_seq += 1
             chain.order = (*(first if first is not None else LATE), self._chain_seq)
 
@@ -380,7 +407,7 @@ class Engine:
         done = 0
         backlog = source.backlog
         aggregator = self.aggregator
-        fast = source.router.plain_lines
+        fast = source.router.plain_lines and self.custom is None  # custom metrics look at every line
         while backlog:
             if unheld or aggregator is None:
                 batch = len(backlog)
@@ -428,11 +455,15 @@ class Engine:
         if self.aggregator is not None:
             self.aggregator.expected.add(rank)
         parsed, records = stream.feed(body, start, now, source)
+        if stream.startup.updates:
+            self.meta.note(rank, stream.startup.take())
+        if parsed is None and self.custom is not None and stream.message is not None:
+            self._custom(rank, stream, stream.message)
         malformed = stream.assembler.take_malformed()
         if malformed:
             self.accounting.drop(rank, Reason.MALFORMED, malformed)
         if isinstance(parsed, (PipelineLine, ParallelConfigLine)):
-            self.rank(rank).layout.note(parsed)
+            self._layouts.setdefault(rank, LayoutNote()).note(parsed)  # not the run: it is named at its first step
         if isinstance(parsed, MalformedLine):
             self.accounting.drop(rank, Reason.MALFORMED)
         elif isinstance(parsed, PipelineLine) and self.aggregator is not None:
@@ -441,6 +472,16 @@ class Engine:
             self.aggregator.note_parallel(parsed)
         for record in records:
             self._deliver(rank, stream, record)
+
+    def _custom(self, rank: int, stream: Stream, message: Message) -> None:
+        """A line no built-in parser claimed: the ``metrics:`` of the config file."""
+        assert self.custom is not None
+        malformed = self.custom.malformed
+        found = self.custom.match(message)
+        if found is not None:
+            self._deliver(found[0] if found[0] is not None else rank, stream, found[1])
+        elif self.custom.malformed != malformed:
+            self.accounting.drop(rank, Reason.MALFORMED)
 
     def tick(self, now: float) -> bool:
         """Release held records whose companion line did not come in time (live mode).
@@ -473,9 +514,21 @@ class Engine:
             for rank, stream in chain.streams.items():
                 for record in stream.assembler.flush():
                     self._deliver(rank, stream, record)
+                stream.startup.flush()
+                if stream.startup.updates:
+                    self.meta.note(rank, stream.startup.take())
         if self.aggregator is not None:
             self.aggregator.flush()
         self.alerts.check_behind()
+        self._write_last_points()
+
+    def _write_last_points(self) -> None:
+        """``--every``: each tag's last point, if it was not kept (see :mod:`sidecar.output.thinning`)."""
+        for rank_id, rank in self.ranks.items():
+            if rank.thinner is not None:
+                for record in rank.thinner.last_points():
+                    self.samples.twins(rank_id, record)
+                    rank.writer.write(record)
 
     # -- delivery --------------------------------------------------------------------------
     def run_writer(self, name: str) -> RunWriter:
@@ -485,7 +538,7 @@ class Engine:
             return self.rank(int(rank.group(1))).writer
         writer = self._other_runs.get(name)
         if writer is None:
-            writer = self._other_runs[name] = RunWriter(self.settings.out / name)
+            writer = self._other_runs[name] = RunWriter(self.settings.out / name, None, self.settings.max_file_bytes)
         return writer
 
     def _extra_writers(self) -> list[RunWriter]:
@@ -498,9 +551,18 @@ class Engine:
     def rank(self, rank: int) -> Rank:
         entry = self.ranks.get(rank)
         if entry is None:
+            template = self.settings.run_name
             run = self._restored.runs.get(str(rank))
+            digest = self.meta.config_hash(rank) if run_names.uses(template, "config_hash") else None
+            if run is not None and run.name and digest is None and run_names.uses(template, "config_hash"):
+                name = run.name  # a restart past the start-up lines: the run it wrote before
+            else:
+                name = run_names.render(template, rank, self.settings.label, digest, self.settings.job)
+            if run is not None and (run.name or f"rank_{rank}") != name:
+                run = None  # the checkpoint describes another run of this rank
+            self.meta.restore(rank, self.settings.out / name)
             since = RunView(dict(run.watermarks), run.file, run.size) if run else None
-            entry = self.ranks[rank] = Rank(self.settings.out / f"rank_{rank}", since)
+            entry = self.ranks[rank] = Rank(self.settings.out / name, name, since, self.settings)
         return entry
 
     def _deliver(self, rank_id: int, stream: Stream, record: Record) -> None:
@@ -522,19 +584,32 @@ class Engine:
                          rank_id, record.step)
                 rank.writer.resume(record.step, record.wall_time,
                                    f"training resumed at step {record.step}; earlier points from this step on were superseded")
+                self.samples.resume(rank_id, record.step, record.wall_time)
+                if rank.thinner is not None:
+                    rank.thinner.resumed(record.step)
             if record.family is not None:
                 stats.families.add(record.family)
             stats.records += 1
             stats.first_step = record.step if stats.first_step is None else min(stats.first_step, record.step)
             stats.last_step = record.step
+            self.meta.stepped(rank_id, record, verdict is Verdict.RESUME)
+            self.samples.derive(rank_id, record)
             self.accounting.wrote(rank_id)
         elif not stream.cursor.live:
             self.accounting.drop(rank_id, Reason.SUPERSEDED)
             return
-        if record.training_step and (layout := rank.layout.take()) is not None:  # before the step: read first
+        note = self._layouts.get(rank_id)
+        if record.training_step and note is not None and (layout := note.take()) is not None:  # before the step
             rank.writer.write_values(record.step, record.wall_time or time.time(), [layout])
+        raised = self.alerts.raised
         self.alerts.observe(rank_id, record, time.monotonic(),
                             self.aggregator.valid_loss_ranks() if self.aggregator is not None else set())
+        if record.training_step:
+            thinner = rank.thinner
+            if thinner is not None and not thinner.thin(record, self.alerts.raised != raised) and not record.texts:
+                self.accounting.thinned(rank_id)
+                return
+            self.samples.twins(rank_id, record)
         if rank.writer.write(record):
             stats.tags.update(record.scalars)
             stats.tags.update(record.texts)
@@ -564,6 +639,7 @@ class Engine:
 
     def checkpoint(self) -> None:
         """Durability barrier for events, then the offsets that depend on them."""
+        self.meta.write_due({rank_id: rank.writer for rank_id, rank in self.ranks.items()})
         self.layout.update((t for rank in self.ranks.values() for t in rank.writer.view.watermarks),
                            self.aggregator.writer.view.watermarks if self.aggregator is not None else ())
         state = State(summaries=self.summaries.offsets())
@@ -573,7 +649,8 @@ class Engine:
             state.aggregate = self.aggregator.snapshot()
         for rank_id, rank in self.ranks.items():
             view = rank.writer.sync()
-            state.runs[str(rank_id)] = RunState(file=view.file, size=view.size, watermarks=dict(view.watermarks))
+            state.runs[str(rank_id)] = RunState(name=rank.name, file=view.file, size=view.size,
+                                                watermarks=dict(view.watermarks))
         for key, run_state in self._restored.runs.items():
             state.runs.setdefault(key, run_state)
         for chain in self.chains.values():
@@ -635,6 +712,7 @@ class Engine:
         self._close(RunWriter.abandon)
 
     def close(self) -> None:
+        self._write_last_points()
         self._close(RunWriter.close)
 
     def _close(self, how: Callable[[RunWriter], None]) -> None:

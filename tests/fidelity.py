@@ -14,6 +14,12 @@ iteration-time                     ``%d`` ms          exact (both are ``int(ms)`
 throughput                         ``%.5f``           5e-6 + float32 ulp
 model-flops-throughput-per-npu     ``%.3f``           5e-4 + float32 ulp
 =================================  =================  ===========================================
+
+Derived from the start-up lines and the step lines (:mod:`sidecar.output.samples`), compared by
+:data:`DERIVED_TAGS`: ``batch-size`` (the global batch size, exact), ``B-samples-per-day``
+(throughput x world size x 86400 / 1e9, so the throughput's print precision scaled by the world
+size of the genuine runs, at most 2) and the ``<tag>_vs_samples`` twins at step x GBS (the tag's
+own tolerance), which the sidecar keeps in the nested run ``<rank run>/vs_samples``.
 """
 
 from __future__ import annotations
@@ -38,9 +44,16 @@ PRINT_ABS = {
 }
 RELATIVE = {"learning-rate": 1e-6, "grad-norm": 1e-6}
 COMPARED_TAGS = tuple(PRINT_ABS)
+PRINT_ABS["batch-size"] = 0.0
+PRINT_ABS["B-samples-per-day"] = PRINT_ABS["throughput"] * 2 * 86400 / 1e9
+TWINNED = ("learning-rate", "batch-size", "loss", "loss-scale", "grad-norm", "iteration-time", "throughput")
+TWIN_SUFFIX = "_vs_samples"
+SAMPLES_RUN = "vs_samples"
+DERIVED_TAGS = ("batch-size", "B-samples-per-day", *(f"{t}{TWIN_SUFFIX}" for t in TWINNED))
 
 
 def tolerance(tag: str, truth: float) -> float:
+    tag = tag.removesuffix(TWIN_SUFFIX)
     ulp = float(np.spacing(np.float32(abs(truth)))) if math.isfinite(truth) else 0.0
     return PRINT_ABS[tag] + 2 * ulp + RELATIVE.get(tag, 0.0) * abs(truth)
 
@@ -64,8 +77,9 @@ class Comparison:
 def compare_run(out_run: Path, truth: dict[str, dict[int, float]], tags: tuple[str, ...] = COMPARED_TAGS) -> Comparison:
     """Every truth point of every compared tag must be in ``out_run`` at the same step, within tolerance."""
     shown = scalars(out_run)
+    twins = scalars(out_run / SAMPLES_RUN) if (out_run / SAMPLES_RUN).is_dir() else {}
     result = Comparison()
-    raw = raw_points(out_run)
+    raw = raw_points(out_run) + raw_points(out_run / SAMPLES_RUN)
     dups = [key for key, n in raw.items() if n > 1]
     if dups:
         result.mismatches.append(f"{out_run.name}: {len(dups)} (tag, step) written twice, e.g. {dups[:3]}")
@@ -73,7 +87,7 @@ def compare_run(out_run: Path, truth: dict[str, dict[int, float]], tags: tuple[s
         expected = truth.get(tag)
         if not expected:
             continue
-        got = shown.get(tag, {})
+        got = (twins if tag.endswith(TWIN_SUFFIX) else shown).get(tag, {})
         if got.keys() != expected.keys():
             missing = sorted(set(expected) - set(got))[:5]
             extra = sorted(set(got) - set(expected))[:5]

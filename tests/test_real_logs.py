@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fidelity import compare_run, load_truth
+from fidelity import COMPARED_TAGS, DERIVED_TAGS, compare_run, load_truth
 from sidecar.cli import main
 from tb_read import raw_points, scalars
 
@@ -30,9 +30,11 @@ def test_replay_matches_mindformers_own_tensorboard(run: str, tmp_path: Path) ->
     out = tmp_path / "summary"
     _replay(REAL / run / "output", out)
     for rank, tags in truth.items():
-        result = compare_run(out / rank, tags)
+        result = compare_run(out / rank, tags, COMPARED_TAGS + DERIVED_TAGS)
         assert result.ok(), "\n".join(result.mismatches[:20])
         assert result.points["loss"] == len(tags["loss"]) > 0
+        for tag in ("batch-size", "loss_vs_samples", "learning-rate_vs_samples", "B-samples-per-day"):
+            assert result.points[tag] == len(tags[tag]) > 0, tag
 
 
 def test_log_dir_alone_and_whole_output_with_worker_logs_give_the_same_points(tmp_path: Path) -> None:

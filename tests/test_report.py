@@ -27,11 +27,11 @@ def test_the_bundled_example_fits_100_columns_and_explains_itself(tmp_path: Path
     lines = replay(capsys, str(DP2), "--out", "out")
     assert max(map(len, lines)) <= 100, "\n".join(lines)
     assert lines[1].split() == ["rank", "steps", "first", "last", "tags", "not", "written"]
-    assert lines[2].split() == ["0", "200", "1", "200", "10", "203", "dup"]
-    assert lines[3].split() == ["1", "200", "1", "200", "10", "203", "dup"]
+    assert lines[2].split() == ["0", "200", "1", "200", "12", "203", "dup"]
+    assert lines[3].split() == ["1", "200", "1", "200", "12", "203", "dup"]
     text = " ".join(line.strip() for line in lines)
     assert ("ranks 0-1: r0.7+ graph trainer; tags: loss, learning-rate, grad-norm, loss-scale, iteration-time, "
-            "throughput, model-flops-throughput-per-npu, events/compile, events/training-over, "
+            "throughput, model-flops-throughput-per-npu, B-samples-per-day, batch-size, events/compile, events/training-over, "
             "events/training-start") in text  # every tag, none cut off
     assert "columns: steps = step records written; first, last = global steps; tags = " in text
     assert "not written, by reason: 406 duplicate (dup = duplicate: a copy of a record already written)" in text

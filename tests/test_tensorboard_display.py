@@ -47,7 +47,7 @@ def test_text_tags_and_layout_as_a_user_sees_them(tmp_path: Path) -> None:
     replay(DP2, out)
     with tensorboard(out) as tb:
         tags = tb.wait_for("/data/plugin/text/tags", lambda a: len(a) == 2)  # type: ignore[arg-type]
-        assert {run: set(t) for run, t in tags.items()} == {"rank_0": TEXTS, "rank_1": TEXTS}  # type: ignore[union-attr]
+        assert {run: set(t) for run, t in tags.items()} == {"rank_0": TEXTS | {"config"}, "rank_1": TEXTS | {"config"}}  # type: ignore[union-attr]
         shown = tb.get("/data/plugin/text/text", run="rank_0", tag="events/compile")
         assert [p["step"] for p in shown] == [0] and "compil" in shown[0]["text"].lower()  # type: ignore[index]
 

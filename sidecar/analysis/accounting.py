@@ -12,6 +12,8 @@ Reasons (nothing is dropped for any reason not on this list):
 - ``malformed``: a line that starts like a step record but does not parse, or whose step does
   not fit (beyond int64);
 - ``too-long``: a line over ``--max-line-bytes``;
+- ``thinned``: a training record none of whose points ``--every N`` keeps (an opted-in loss of
+  resolution, :mod:`sidecar.output.thinning`);
 - ``unreadable``: a file that could not be opened or read, or a directory that could not be
   listed (permissions, I/O error); counted once per path and warned about (rate-limited), since
   every later record in it is lost until it becomes readable.
@@ -37,6 +39,7 @@ class Reason(str, Enum):
     SUPERSEDED = "superseded"
     MALFORMED = "malformed"
     TOO_LONG = "too-long"
+    THINNED = "thinned"
     UNREADABLE = "unreadable"
 
 
@@ -49,6 +52,11 @@ class Accounting:
 
     def wrote(self, rank: int) -> None:
         self.written[rank] += 1
+
+    def thinned(self, rank: int) -> None:
+        """A record counted as written turned out to be thinned away entirely."""
+        self.written[rank] -= 1
+        self.dropped[(rank, Reason.THINNED)] += 1
 
     def drop(self, rank: int, reason: Reason, count: int = 1) -> None:
         if count:

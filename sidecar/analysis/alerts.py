@@ -112,6 +112,7 @@ class Alerts:
         self.counts: Counter[tuple[int, str]] = Counter()  # (rank or -1, name) -> alerts raised
         self.groups: Counter[Group] = Counter()
         self.active: dict[tuple[int, str], bool] = {}  # (rank or -1, name) -> firing now
+        self.raised = 0  # alerts and resolutions so far: --every keeps the steps at which this grows
         self.started: dict[tuple[int, str], float] = {}  # (rank or -1, name) -> monotonic time of the last start
         self.ranks: dict[int, RankWatch] = {}
         self._losses: dict[int, dict[int, float]] = {}  # step -> rank -> loss, for divergence
@@ -253,6 +254,7 @@ class Alerts:
     # -- sinks -----------------------------------------------------------------------------
     def _emit(self, alert: Alert) -> None:
         key = (-1 if alert.rank is None else alert.rank, alert.name)
+        self.raised += 1
         self.active[key] = not alert.resolved
         if not alert.resolved:
             self.started[key] = time.monotonic()

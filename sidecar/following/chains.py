@@ -25,9 +25,10 @@ from pathlib import Path
 
 from parsers.assembler import StreamAssembler
 from parsers.line import parse_message
-from parsers.prefix import PrefixSplitter
+from parsers.prefix import Message, PrefixSplitter
 from parsers.rank_labels import RankRouter
 from parsers.records import MalformedLine, ParsedLine, Record
+from parsers.run_config import StartupCollector
 from sidecar.analysis.sequencer import ChainCursor
 
 PEEK_BYTES = 4 << 20  # how far ahead a chain's first training step is looked for
@@ -49,9 +50,12 @@ class Stream:
         self.prefix = PrefixSplitter()
         self.cursor = ChainCursor()
         self._plain: str | None = None  # the last timestamped line skipped as plain since the last feed
+        self.startup = StartupCollector()  # run configuration lines (:mod:`parsers.run_config`)
+        self.message: Message | None = None  # the last line fed, for the custom metrics
 
     def feed(self, body: str, start: int, now: float, origin: object) -> tuple[ParsedLine | None, list[Record]]:
-        message = self.prefix.split(body)
+        message = self.message = self.prefix.split(body)
+        self.startup.feed(message)
         if self._plain is not None:
             if message.timestamp is None:  # the record takes the time of the line before it
                 self.assembler.feed(None, self.prefix.split(self._plain).timestamp, start, now, origin)
@@ -79,17 +83,20 @@ class Chain:
         return stream
 
 
-def first_record(paths: list[Path], default_rank: int, rank_pattern: str | None) -> tuple[int, float] | None:
+def first_record(paths: list[Path], default_rank: int, rank_pattern: str | None,
+                 startup: dict[int, list[dict[str, object]]] | None = None) -> tuple[int, float] | None:
     """(step, timestamp or +inf) of the first training-step record in ``paths`` (oldest file
-    first), within the first :data:`PEEK_BYTES`; ``None`` if there is none (yet)."""
-    found = next(head_records(paths, default_rank, rank_pattern), None)
+    first), within the first :data:`PEEK_BYTES`; ``None`` if there is none (yet). ``startup``
+    receives, per rank, the run configuration lines read before it (:mod:`parsers.run_config`)."""
+    found = next(head_records(paths, default_rank, rank_pattern, startup), None)
     if found is None:
         return None
     record = found[1]
     return record.step, record.wall_time if record.wall_time is not None else math.inf
 
 
-def head_records(paths: list[Path], default_rank: int, rank_pattern: str | None) -> Iterator[tuple[int, Record]]:
+def head_records(paths: list[Path], default_rank: int, rank_pattern: str | None,
+                 startup: dict[int, list[dict[str, object]]] | None = None) -> Iterator[tuple[int, Record]]:
     """(rank, record) for the training-step records in the first :data:`PEEK_BYTES` of
     ``paths`` (oldest file first), parsed as the engine parses them; a head whose bar is past
     the end of a file comes out when that file ends."""
@@ -100,7 +107,11 @@ def head_records(paths: list[Path], default_rank: int, rank_pattern: str | None)
         for raw in _lines(path, budget):
             budget -= len(raw) + 1
             rank, body = router.route(text_of(raw))
-            for record in streams.setdefault(rank, Stream(math.inf)).feed(body, 0, 0.0, None)[1]:
+            stream = streams.setdefault(rank, Stream(math.inf))
+            records = stream.feed(body, 0, 0.0, None)[1]
+            if startup is not None and stream.startup.updates:
+                startup.setdefault(rank, []).append(stream.startup.take())
+            for record in records:
                 if record.training_step:
                     yield rank, record
         for rank, stream in streams.items():

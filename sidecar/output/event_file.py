@@ -118,6 +118,11 @@ class EventFileWriter:
         if self._buffered >= BUFFER_BYTES:
             self.flush()
 
+    @property
+    def pending_size(self) -> int:
+        """The file's size once the buffer is flushed."""
+        return self.size + self._buffered
+
     def flush(self) -> None:
         """Hand buffered records to the kernel; on error trim the partial write and re-raise."""
         if not self._buffer:

@@ -38,8 +38,9 @@ RESUME_TAG = "events/resume"
 
 
 class RunWriter:
-    def __init__(self, run_dir: Path, since: RunView | None = None) -> None:
+    def __init__(self, run_dir: Path, since: RunView | None = None, max_file_bytes: int | None = None) -> None:
         self.run_dir = run_dir
+        self.max_file_bytes = max_file_bytes  # --max-event-file-mb: a new file once one holds this much
         self.view = scan_run(run_dir, since) if run_dir.exists() else RunView()
         self._file: EventFileWriter | None = None
         self._start_step: int | None = None
@@ -128,6 +129,8 @@ class RunWriter:
             self._file = None
 
     def _ensure_file(self, wall_time: float) -> EventFileWriter:
+        if self._file is not None and self.max_file_bytes is not None and self._file.pending_size >= self.max_file_bytes:
+            self.close()  # rolled: the next file's START (max step + 1) purges nothing
         if self._file is None:
             self._file = EventFileWriter(self.run_dir, wall_time)
             start = self._start_step if self._start_step is not None else self.max_step + 1

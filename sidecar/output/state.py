@@ -52,6 +52,7 @@ class StreamState(BaseModel):
 
 
 class RunState(BaseModel):
+    name: str = ""  # the run's path under --out (--run-name); empty: rank_<key>
     file: str = ""
     size: int = Field(0, ge=0)
     watermarks: dict[str, int] = {}
@@ -74,7 +75,7 @@ def instance_name(raw: str) -> str:
 def runs_match(out: Path, state: State) -> dict[str, str]:
     """Rank key -> why its checkpointed run (``RunState.file``/``size``) is no longer on disk:
     the file or ``rank_<key>`` is gone, or the file is shorter. Empty when every run is there."""
-    lost = {key: vanished(out / f"rank_{key}", run.file, run.size) for key, run in state.runs.items()}
+    lost = {key: vanished(out / (run.name or f"rank_{key}"), run.file, run.size) for key, run in state.runs.items()}
     return {key: why for key, why in lost.items() if why is not None}
 
 

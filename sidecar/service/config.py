@@ -21,7 +21,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from parsers.custom_metrics import CustomMetric, MetricList
 from sidecar.analysis.detectors import AlertSettings, Group
+from sidecar.output import run_names
 
 
 class ConfigError(Exception):
@@ -41,6 +43,11 @@ class SidecarConfig(BaseModel):
     aggregate: bool = True
     aggregate_timeout: float = Field(30.0, gt=0)
     loss_ranks: list[int] | None = None
+    run_name: str = run_names.DEFAULT
+    label: str | None = None
+    every: int = Field(1, ge=1, description="keep every N-th step per tag")
+    metrics: list[CustomMetric] = []  # config file only: parsers.custom_metrics
+    max_event_file_mb: float | None = Field(None, gt=0)
     quiet: bool = False
     verbose: bool = False
     log_format: Literal["text", "json"] = "text"
@@ -109,6 +116,15 @@ class SidecarConfig(BaseModel):
             if shutil.which(str(value[0])) is None:
                 raise ValueError(f"'{value[0]}' is not an executable on PATH; give its full path")
         return value
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, value: list[CustomMetric]) -> list[CustomMetric]:
+        return MetricList(metrics=value).metrics  # unique names and tags
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        return run_names.check_template(value)
 
     @field_validator("rank_pattern")
     @classmethod

@@ -45,6 +45,12 @@ def settings_from(config: SidecarConfig, live: bool, on_alert: AlertCommand | No
         alerts=config.alerts,
         alert_sinks=[on_alert] if on_alert is not None else [],
         live=live,
+        run_name=config.run_name,
+        label=config.label,
+        job=config.job,
+        every=config.every,
+        metrics=config.metrics,
+        max_file_bytes=int(config.max_event_file_mb * (1 << 20)) if config.max_event_file_mb else None,
     )
 
 

@@ -1,0 +1,204 @@
+"""Run metadata per rank: the ``config`` text card, TensorBoard HParams data and ``run.json``.
+
+What a run was (:mod:`parsers.run_config`) is written once per run, and again when it changes
+(a new job or attempt in the same directory prints its start-up lines again):
+
+- a text event ``config`` (a markdown table) at the first training step of the run's segment;
+- the HParams plugin's session summaries (tensorboardX's ``summary.hparams``): hparams = the
+  flattened settings. No experiment summary: without one TensorBoard builds the experiment from
+  every run's session, so the columns are the union of all runs' settings, each marked whether
+  it differs between runs, and the metrics are every scalar tag of the runs (the HParams tab
+  shows each one's last value: the final loss and the like). With one (tensorboardX's
+  ``add_hparams`` writes one), TensorBoard takes that run's columns as given and marks none as
+  differing;
+- ``run.json`` in the run directory (written atomically: a new file, fsync, rename), with the
+  same settings, the start-up facts and the configuration hash.
+
+When it is written: at each checkpoint (live: every ``--checkpoint-interval``; replay: at the
+end), for ranks whose description changed and that have written a training step. Not at the
+first step, because a rank's ``worker_N.log``, the only file with the full pprint dump, is read
+after its ``info.log``. The dump is printed by one rank in eight only; ranks of one sidecar are
+one job, so a rank without its own dump uses the newest one any rank printed (rank-specific
+values in it do not enter the hash).
+
+A training resume writes a ``SessionLog.START`` that purges every tag's points from the resume
+step on, the card and HParams data too if they were written there; they are written again at
+the resume step then. A restart that no longer finds the start-up lines in the logs takes the
+facts back from ``run.json`` (:meth:`RunMetadata.restore`), so the batch-derived tags go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tensorboardX.summary import hparams as hparams_summaries
+
+from parsers.records import Record
+from parsers.run_config import (
+    DUMP_DROPPED,
+    MAX_DUMP_BYTES,
+    RunConfig,
+    Value,
+    config_hash,
+    hparams,
+    is_run_specific,
+    markdown,
+    settings,
+)
+from sidecar.output.run_writer import RunWriter, text_value
+
+log = logging.getLogger(__name__)
+
+CONFIG_TAG = "config"
+RUN_JSON = "run.json"
+
+
+@dataclass
+class _RankMeta:
+    config: RunConfig = field(default_factory=RunConfig)
+    dirty: bool = False
+    written: dict[str, Value] | None = None  # the settings last written
+    card_step: int | None = None
+    segment_step: int | None = None  # first training step of the current segment
+    segment_wall: float | None = None
+    last_step: int | None = None
+    batch: tuple[int | None, int | None] = (None, None)  # global batch size, world size
+
+
+class RunMetadata:
+    def __init__(self) -> None:
+        self._ranks: dict[int, _RankMeta] = {}
+        self._job_dump: dict | None = None
+
+    def _meta(self, rank: int) -> _RankMeta:
+        meta = self._ranks.get(rank)
+        if meta is None:
+            meta = self._ranks[rank] = _RankMeta()
+        return meta
+
+    def config(self, rank: int) -> RunConfig:
+        """The rank's description, with the job's dump when it printed none itself."""
+        own = self._meta(rank).config
+        return own if own.dump is not None or self._job_dump is None else replace(own, dump=self._job_dump)
+
+    def note(self, rank: int, updates: dict[str, object]) -> None:
+        """Start-up facts a stream of ``rank`` just stated."""
+        meta = self._meta(rank)
+        if updates.pop(DUMP_DROPPED, False):
+            log.warning("rank %d: a configuration dump in the log is over %d MiB or not a Python literal; "
+                        "its run metadata has the start-up lines only", rank, MAX_DUMP_BYTES >> 20)
+        changed = [rank] if meta.config.update(updates) else []
+        dump = updates.get("dump")
+        if isinstance(dump, dict) and dump != self._job_dump:  # rare: once per job
+            self._job_dump = dump
+            changed += [r for r, other in self._ranks.items() if other.config.dump is None and r != rank]
+        for rank_id in changed:
+            other = self._ranks[rank_id]
+            other.dirty = True
+            facts = self.config(rank_id).facts()
+            other.batch = (facts["global_batch_size"], facts["world_size"])
+
+    def _settings(self, rank: int) -> dict[str, Value]:
+        config = self.config(rank)
+        values = settings(config)
+        if config.dump is not self._meta(rank).config.dump:  # borrowed: its rank's own values are not this rank's
+            values = {k: v for k, v in values.items() if k.startswith("run.") or not is_run_specific(k)}
+        return values
+
+    def config_hash(self, rank: int) -> str | None:
+        """The hash of the rank's configuration as read so far; ``None`` before any start-up line."""
+        values = self._settings(rank)
+        return config_hash(values) if any(v is not None for v in values.values()) else None
+
+    def batch(self, rank: int) -> tuple[int | None, int | None]:
+        """The rank's global batch size and world size, as far as its log said."""
+        meta = self._ranks.get(rank)
+        return meta.batch if meta is not None else (None, None)
+
+    def restore(self, rank: int, run_dir: Path) -> None:
+        """A run that already has a ``run.json`` (a restart that does not read the start-up lines
+        again): its facts give the batch size for the batch-derived tags, and it is not rewritten
+        unless the configuration read from now on differs."""
+        meta = self._meta(rank)
+        if meta.written is not None or meta.config != RunConfig():
+            return
+        content = _load(run_dir)
+        if not isinstance(content.get("run"), dict) or not isinstance(content.get("settings"), dict):
+            return
+        meta.config.update(content["run"])
+        meta.written = content["settings"]
+        facts = meta.config.facts()
+        meta.batch = (facts["global_batch_size"], facts["world_size"])
+
+    def stepped(self, rank: int, record: Record, resumed: bool) -> None:
+        """A training step of ``rank`` was written (after its resume marker, if ``resumed``)."""
+        meta = self._meta(rank)
+        if resumed:
+            if meta.card_step is not None and meta.card_step >= record.step:
+                meta.written = None  # the START marker purged the card
+                meta.dirty = True
+            meta.segment_step = None
+        if meta.segment_step is None:
+            meta.segment_step, meta.segment_wall = record.step, record.wall_time
+        meta.last_step = record.step
+
+    def write_due(self, writers: dict[int, RunWriter]) -> None:
+        """Write what changed for every rank that has a training step (see the module docstring)."""
+        for rank, meta in self._ranks.items():
+            writer = writers.get(rank)
+            if not meta.dirty or meta.segment_step is None or writer is None:
+                continue
+            meta.dirty = False
+            config = self.config(rank)
+            values = self._settings(rank)
+            if values == meta.written or not any(v is not None for v in values.values()):
+                continue
+            digest = config_hash(values)
+            if meta.written is None and meta.card_step is None and _load(writer.run_dir).get("settings") == values:
+                meta.written = values  # a restart that read the start-up lines again
+                continue
+            step = meta.segment_step if meta.card_step is None or meta.card_step < meta.segment_step else meta.last_step
+            step = max(step, writer.view.watermarks.get(CONFIG_TAG, -1) + 1)
+            wall = meta.segment_wall if meta.segment_wall is not None else 0.0
+            writer.write_values(step, wall, [text_value(CONFIG_TAG, markdown(values, digest)), *_hparams_values(values)])
+            _write_json(writer.run_dir, {"config_hash": digest, "run": config.facts(), "settings": values})
+            meta.written, meta.card_step = values, step
+
+
+def _hparams_values(values: dict[str, Value]) -> list:
+    _, start, end = hparams_summaries(hparams(values), {})
+    return [*start.value, *end.value]
+
+
+def _load(run_dir: Path) -> dict:
+    """``run_dir/run.json``, or ``{}`` when there is none (or it is not one)."""
+    try:
+        with open(run_dir / RUN_JSON, encoding="utf-8") as fh:
+            content = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
+def _write_json(run_dir: Path, content: dict) -> None:
+    """``run_dir/run.json``, atomically; ``run_dir`` is a run under ``--out`` the writer made."""
+    tmp = run_dir / f".{RUN_JSON}.{os.getpid()}.tmp"
+    data = json.dumps(content, indent=1, default=str, ensure_ascii=False).encode("utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, run_dir / RUN_JSON)
+    dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

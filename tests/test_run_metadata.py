@@ -1,0 +1,146 @@
+"""Run metadata from the genuine mindformers 1.9 logs: the ``config`` card, HParams data and
+``run.json`` match the yaml the run was launched with, read back through TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from sidecar.cli import main
+from tb_read import scalars, texts
+from tb_server import tensorboard
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+LAUNCHED = REAL / "mf1.9-dp2" / "tiny_llama.yaml"  # the recipe's yaml as it was when the run was recorded
+# What mindformers itself rewrites between the yaml and its pprint dump (base_trainer, check_runner_config).
+REWRITTEN = {"lr_schedule.total_steps": 200, "runner_config.sink_size": -1,
+             "tensorboard.tensorboard_dir": "./output/tensorboard/rank_0"}
+NOT_IN_DUMP = {"model.model_config.checkpoint_name_or_path"}  # popped when the model is built
+
+
+def _yaml_leaves() -> dict[str, object]:
+    """tiny_llama.yaml as launched in dp2 mode (launch.py's overrides), flattened like the sidecar does."""
+    config = yaml.safe_load(LAUNCHED.read_text())
+    config["use_parallel"] = True
+    config["parallel_config"]["data_parallel"] = 2
+    out: dict[str, object] = {}
+
+    def walk(key: str, value: object) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{key}.{k}" if key else k, v)
+        else:
+            out[key] = value
+    walk("", config)
+    return out
+
+
+def _hparams(run_dir: Path) -> dict[str, object]:
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+
+
+@pytest.fixture(scope="module")
+def dp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dp2") / "summary"
+    assert main(["replay", str(REAL / "mf1.9-dp2" / "output"), "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def test_config_card_and_hparams_match_the_yaml_of_the_run(dp2: Path) -> None:
+    leaves = _yaml_leaves()
+    rank0 = _hparams(dp2 / "rank_0")
+    card = texts(dp2 / "rank_0")["config"]
+    assert list(card) == [1]  # once, at the first step
+    for key, value in leaves.items():
+        if key in NOT_IN_DUMP:
+            assert key not in rank0
+            continue
+        expected = REWRITTEN.get(key, value)
+        if isinstance(expected, list):  # a list is shown as JSON text
+            assert json.loads(rank0[key]) == expected, key
+        else:
+            assert rank0[key] == expected, key
+            assert f"| `{key}` | {expected} |" in card[1]
+    run = json.loads((dp2 / "rank_0" / "run.json").read_text())
+    assert run["run"]["global_batch_size"] == 4 and run["run"]["world_size"] == 2
+    assert run["run"]["mode"] == "GRAPH_MODE" and run["run"]["model"] == "llama_tiny"
+    assert run["settings"]["model.model_config.hidden_size"] == 64
+    assert f"**config hash** `{run['config_hash']}`" in card[1]
+    # rank 1 prints no pprint dump: it shows the job's, without rank 0's own values
+    rank1 = _hparams(dp2 / "rank_1")
+    assert rank1["model.model_config.num_layers"] == 2 and rank1["run.global_batch_size"] == 4
+    assert "context.device_id" not in rank1 and "tensorboard.tensorboard_dir" not in rank1
+    assert json.loads((dp2 / "rank_1" / "run.json").read_text())["config_hash"] == run["config_hash"]
+
+
+def test_hparams_through_the_tensorboard_server(dp2: Path) -> None:
+    with tensorboard(dp2) as tb:
+        request = json.dumps({"experimentName": ""})
+        experiment = tb.wait_for("/data/plugin/hparams/experiment", lambda a: bool(a and a.get("hparamInfos")),
+                                 request=request)
+        names = {info["name"] for info in experiment["hparamInfos"]}
+        assert {"model.model_config.hidden_size", "lr_schedule.learning_rate", "run.global_batch_size"} <= names
+        assert {m["name"]["tag"] for m in experiment["metricInfos"]} >= {"loss", "learning-rate"}
+        groups = tb.get("/data/plugin/hparams/session_groups", request=json.dumps({
+            "experimentName": "", "startIndex": 0, "sliceSize": 10,
+            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+            "colParams": [{"hparam": "lr_schedule.learning_rate"}, {"metric": {"tag": "loss"}}]}))
+        by_run = {g["name"]: g for g in groups["sessionGroups"]}
+        assert set(by_run) >= {"rank_0", "rank_1"}
+        assert by_run["rank_0"]["hparams"]["lr_schedule.learning_rate"] == 0.001
+        loss = [m["value"] for m in by_run["rank_0"]["metricValues"] if m["name"]["tag"] == "loss"]
+        shown = scalars(dp2 / "rank_0")["loss"]
+        assert loss == [pytest.approx(shown[max(shown)])]  # the last loss of the run
+
+
+def _hash(src: Path, out: Path) -> str:
+    assert main(["replay", str(src), "--out", str(out), "--quiet"]) == 0
+    return json.loads((out / "rank_0" / "run.json").read_text())["config_hash"]
+
+
+def test_hash_is_the_same_for_a_run_of_one_config_and_differs_when_one_value_changes(tmp_path: Path) -> None:
+    original = _hash(REAL / "mf1.9-dp2" / "output", tmp_path / "a")
+    # the same configuration run elsewhere: other directory, host and time
+    moved = tmp_path / "moved"
+    shutil.copytree(REAL / "mf1.9-dp2" / "output", moved)
+    for path in moved.rglob("*.log"):
+        text = path.read_text().replace("/work/mfruns/dp2", "/scratch/other").replace("host_name: vm", "host_name: n7")
+        path.write_text(text.replace("2026-11-29 15:5", "2026-12-24 09:1"))
+    assert _hash(moved, tmp_path / "b") == original
+    # one value changed (the seed, printed only in the pprint dump)
+    worker = moved / "msrun_log" / "worker_0.log"
+    worker.write_text(worker.read_text().replace(" 'seed': 0,\n", " 'seed': 1,\n", 1))
+    assert _hash(moved, tmp_path / "c") != original
+
+
+def test_replaying_again_writes_no_second_card(dp2: Path) -> None:
+    before = (dp2 / "rank_0" / "run.json").stat().st_mtime_ns
+    assert main(["replay", str(REAL / "mf1.9-dp2" / "output"), "--out", str(dp2), "--quiet"]) == 0
+    assert list(texts(dp2 / "rank_0")["config"]) == [1]
+    assert (dp2 / "rank_0" / "run.json").stat().st_mtime_ns == before
+
+
+def test_a_new_job_in_the_same_directory_writes_its_own_card_after_the_resume_marker(tmp_path: Path) -> None:
+    log = tmp_path / "output" / "log" / "rank_0" / "info.log"
+    log.parent.mkdir(parents=True)
+    first = (REAL / "mf1.9-dp2" / "output" / "log" / "rank_0" / "info.log").read_text()
+    second = (REAL / "mf1.9-single" / "output" / "log" / "rank_0" / "info.log").read_text()
+    log.write_text(first + second.replace("2026-11-29", "2026-11-30"))  # the single-process job, a day later
+    out = tmp_path / "summary"
+    assert main(["replay", str(tmp_path / "output"), "--out", str(out), "--quiet", "--no-aggregate"]) == 0
+    card = texts(out / "rank_0")["config"]
+    assert list(card) == [1]  # the first job's card at step 1 was purged by the resume marker at 1
+    assert "| `run.global_batch_size` | 2 |" in card[1] and "| `run.world_size` | 1 |" in card[1]
+    assert _hparams(out / "rank_0")["run.global_batch_size"] == 2
+    assert json.loads((out / "rank_0" / "run.json").read_text())["run"]["global_batch_size"] == 2
+    assert sorted(scalars(out / "rank_0" / "vs_samples")["loss_vs_samples"]) == [2 * s for s in range(1, 201)]

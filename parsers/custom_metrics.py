@@ -39,8 +39,9 @@ from parsers.records import Record
 from parsers.values import parse_int64, parse_number
 
 MAX_TEXT = 4096  # characters of a line a custom pattern sees
-BUILT_IN = frozenset({*tags.KEY_TAGS.values(), tags.CHECKPOINT_SAVE_TIME, tags.EVAL_TIME, "B-samples-per-day", "config"})
-RESERVED_PREFIXES = ("events/", "eval/", "_hparams_/", "aggregate/")
+BUILT_IN = frozenset({*tags.KEY_TAGS.values(), tags.CHECKPOINT_SAVE_TIME, tags.EVAL_TIME, "B-samples-per-day",
+                      tags.CONFIG, tags.PARALLEL_LAYOUT})
+RESERVED_PREFIXES = ("events/", "eval/", "_hparams_/", "aggregate/", tags.ALERTS_PREFIX)
 _REPEATS = (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, getattr(sre_parse, "POSSESSIVE_REPEAT", object()))
 
 

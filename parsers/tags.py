@@ -21,6 +21,11 @@ CHECKPOINT_SAVE_TIME = "checkpoint-save-time"
 EVAL_PREFIX = "eval/"
 EVAL_TIME = "eval/time"
 TEXT_CHECKPOINT = "events/checkpoint"
+# Written by the sidecar itself, not read from a log: the run's configuration card, the parallel
+# layout a rank's log states (for the job-wide aggregate) and alerts (``alerts/<name>``).
+CONFIG = "config"
+PARALLEL_LAYOUT = "parallel-layout"
+ALERTS_PREFIX = "alerts/"
 
 # Log key (lower-cased, as printed by any trainer) -> tag.
 KEY_TAGS: dict[str, str] = {

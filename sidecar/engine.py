@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parsers import tags
 from parsers.custom_metrics import CustomMatcher, CustomMetric
 from parsers.fast_path import NOT_PLAIN, TIMED, plain
 from parsers.prefix import Message
@@ -619,7 +620,7 @@ class Engine:
     def _alert_event(self, alert: Alert) -> None:
         """An alert as a text event at its step: in the rank's run, and for alerts about the ranks
         together in the aggregate run too."""
-        record = Record(alert.step, alert.wall_time, texts={f"alerts/{alert.name}": alert.line()})
+        record = Record(alert.step, alert.wall_time, texts={f"{tags.ALERTS_PREFIX}{alert.name}": alert.line()})
         if alert.rank is not None:
             self.rank(alert.rank).writer.write(record)
         if self.aggregator is not None and alert.group in CROSS_RANK:

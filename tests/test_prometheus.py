@@ -15,7 +15,6 @@ import math
 import os
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path

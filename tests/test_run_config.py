@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from parsers.prefix import Message, PrefixSplitter
+from parsers.prefix import PrefixSplitter
 from parsers.run_config import (
     MAX_DUMP_BYTES,
     RunConfig,

@@ -22,10 +22,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ValidationError
 from tensorboardX.proto import summary_pb2
 
+from parsers import tags
 from parsers.records import ParallelConfigLine, PipelineLine
 from sidecar.output.run_writer import text_value
 
-LAYOUT_TAG = "parallel-layout"
+LAYOUT_TAG = tags.PARALLEL_LAYOUT
 LAYOUT_PLUGIN = "mstb-sidecar-parallel-layout"
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from tensorboardX.summary import hparams as hparams_summaries
 
+from parsers import tags
 from parsers.records import Record
 from parsers.run_config import (
     DUMP_DROPPED,
@@ -53,7 +54,7 @@ from sidecar.output.run_writer import RunWriter, text_value
 
 log = logging.getLogger(__name__)
 
-CONFIG_TAG = "config"
+CONFIG_TAG = tags.CONFIG
 RUN_JSON = "run.json"
 
 

@@ -18,6 +18,8 @@ THROUGHPUT = "throughput"
 MODEL_FLOPS = "model-flops-throughput-per-npu"
 BATCH_SIZE = "batch-size"
 CHECKPOINT_SAVE_TIME = "checkpoint-save-time"
+# The metrics of a graph-trainer step record, in the order they are shown (summary, aggregate).
+MAIN = (LOSS, LEARNING_RATE, GRAD_NORM, LOSS_SCALE, ITERATION_TIME, THROUGHPUT, MODEL_FLOPS)
 EVAL_PREFIX = "eval/"
 EVAL_TIME = "eval/time"
 TEXT_CHECKPOINT = "events/checkpoint"

@@ -52,10 +52,7 @@ from sidecar.output.run_writer import RunWriter
 
 log = logging.getLogger(__name__)
 
-AGGREGATED = (
-    tags.LOSS, tags.LEARNING_RATE, tags.GRAD_NORM, tags.LOSS_SCALE, tags.ITERATION_TIME, tags.THROUGHPUT,
-    tags.MODEL_FLOPS, "lm-loss", "mtp-loss", "load-balancing-loss", "indexer-loss",
-)
+AGGREGATED = (*tags.MAIN, "lm-loss", "mtp-loss", "load-balancing-loss", "indexer-loss")
 _AGGREGATED = frozenset(AGGREGATED)
 SLOWEST = f"{tags.ITERATION_TIME}/slowest-rank"
 WARN_EVERY = 60.0  # at most one warning about steps written without a rank per this many seconds

@@ -201,7 +201,7 @@ class Alerts:
         self._loss_ranks.add(rank)
         if len(losses) < max(len(self._loss_ranks), 2):
             if len(self._losses) > DIVERGENCE_STEPS:
-                del self._losses[min(self._losses)]
+                del self._losses[next(iter(self._losses))]  # the first step noted: no scan on the hot path
             return
         del self._losses[step]
         s = self.settings.divergence

@@ -16,15 +16,6 @@ from sidecar.analysis.aggregate import rank_ranges
 from sidecar.engine import Engine
 
 WIDTH = 100
-_MAIN_TAGS = (
-    tags.LOSS,
-    tags.LEARNING_RATE,
-    tags.GRAD_NORM,
-    tags.LOSS_SCALE,
-    tags.ITERATION_TIME,
-    tags.THROUGHPUT,
-    tags.MODEL_FLOPS,
-)
 COLLAPSE = 3  # more tags than this under one prefix are listed as ``prefix/* (N tags)``
 SHORT = {  # the "not written" column's abbreviations, explained in the legend
     Reason.DUPLICATE: ("dup", "a copy of a record already written"),
@@ -110,7 +101,7 @@ def _groups(engine: Engine) -> list[str]:
 def _tag_list(written: set[str]) -> str:
     """Main metrics first, then the rest by name; a crowd under one prefix (``local_norm/<param>``)
     as ``local_norm/* (N tags)``."""
-    main = [t for t in _MAIN_TAGS if t in written]
+    main = [t for t in tags.MAIN if t in written]
     rest = sorted(written - set(main))
     prefixes = Counter(t.split("/", 1)[0] for t in rest if "/" in t)
     shown: list[str] = []

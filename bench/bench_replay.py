@@ -191,6 +191,12 @@ def product_cmd(root: Path, out: Path) -> list[str]:
     return [*head, "replay", str(root), "--out", str(out), "--quiet"]
 
 
+def one_process_cmd(root: Path, out: Path) -> list[str]:
+    """The product without its replay workers: what the parallel speed-up is measured against,
+    and whose output the parallel replay's must equal."""
+    return [*product_cmd(root, out), "--jobs", "1"]
+
+
 def baseline_cmd(root: Path, out: Path) -> list[str]:
     return [sys.executable, str(BASELINE), str(root), "--out", str(out)]
 
@@ -228,6 +234,19 @@ def read_back(out: Path) -> tuple[dict[int, int], int]:
         loss[int(run_dir.name.split("_")[1])] = counts.get("loss", 0)
         total += sum(counts.values())
     return loss, total
+
+
+def identical(parallel: Path, one: Path, clock: tuple[float, float]) -> str:
+    """Whether the default (parallel) replay wrote every event (run, tag, step, value, wall time)
+    the one-process replay did; wall times taken from the clock, not the log, are left out."""
+    sys.path.insert(0, str(BENCH.parent / "tests"))
+    from tb_read import all_events
+
+    a, b = all_events(parallel, clock), all_events(one, clock)
+    if a == b:
+        return f"the default replay's {sum(map(len, a.values())):,} events equal the one-process replay's"
+    differ = sorted(run for run in a.keys() | b.keys() if a.get(run) != b.get(run))
+    return f"WARNING: the default replay's events differ from the one-process replay's in {', '.join(differ)}"
 
 
 def event_bytes(out: Path) -> int:
@@ -285,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         a.ranks, a.steps, a.reps = 2, 1500, 3
 
     work = Path(tempfile.mkdtemp(prefix="mstb-bench-", dir=a.tmp))
+    started = time.time()  # wall times from here on come from the clock, not from the generated logs
     try:
         t0 = time.perf_counter()
         tree = generate(work / "in", a.layout, a.ranks, a.steps, a.noise, a.epochs, a.ckpt_every,
@@ -314,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         before = event_bytes(last["product"])
         noop = Series([run_child(product_cmd(tree.root, last["product"]), work) for _ in range(a.reps)])
         grew = event_bytes(last["product"]) - before
+        one = Series([run_child(one_process_cmd(tree.root, work / f"out-one-{i}"), work) for i in range(a.reps)])
+        same = identical(last["product"], work / f"out-one-{a.reps - 1}", (started, time.time()))
 
         t0 = time.perf_counter()
         counts = {name: read_back(out) for name, out in last.items() if name != "pinned"}  # the same script
@@ -323,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row("product  mstb-sidecar replay", series["product"], tree, counts["product"][1]))
         rows.append(row("baseline regex+tensorboardX", series["baseline"], tree, counts["baseline"][1]))
         rows.append(row("baseline pinned to one core", series["pinned"], tree, counts["baseline"][1]))
+        rows.append(row("product  one process (--jobs 1)", one, tree, counts["product"][1]))
         rows.append(row("product  2nd replay (no-op)", noop, None, None))
         print()
         print(table(rows))
@@ -335,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"expected {tree.steps} each): the ratio does not compare equal work")
         else:
             print(f"check: loss points per rank equal ({tree.steps:,} on each of {tree.ranks} ranks)")
+        print(f"check: {same}")
         for name, label in (("baseline", "free-running baseline"), ("pinned", "pinned baseline")):
             ratio = series[name].median / series["product"].median
             verdict = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"

@@ -84,4 +84,4 @@ def plain(line: str) -> int:
             return UNTIMED if FOREIGN_PREFIX.match(line) else NOT_PLAIN  # MindIO: no level the parser reads
     else:
         return NOT_PLAIN
-    return NOT_PLAIN if _NEEDLE.search(m.group(3)) else TIMED
+    return NOT_PLAIN if _NEEDLE.search(line, m.start(3)) else TIMED

@@ -39,12 +39,13 @@ class Message:
 
 
 class PrefixSplitter:
-    """Strips prefixes; caches the last timestamp's second, since consecutive lines share it."""
+    """Strips prefixes; caches the epoch of the last timestamp's minute, since consecutive lines
+    share it (exact: zone offsets change on whole minutes)."""
 
-    __slots__ = ("_last_second", "_last_epoch")
+    __slots__ = ("_last_minute", "_last_epoch")
 
     def __init__(self) -> None:
-        self._last_second = ""
+        self._last_minute = ""
         self._last_epoch = 0.0
 
     def split(self, line: str) -> Message:
@@ -71,23 +72,14 @@ class PrefixSplitter:
         return Message(line)
 
     def _timestamp(self, ts: str) -> float:
-        second = ts[:19]
-        if second != self._last_second:
+        minute = ts[:16]
+        if minute != self._last_minute:
             self._last_epoch = time.mktime(
-                (
-                    int(second[0:4]),
-                    int(second[5:7]),
-                    int(second[8:10]),
-                    int(second[11:13]),
-                    int(second[14:16]),
-                    int(second[17:19]),
-                    0,
-                    0,
-                    -1,
-                )
+                (int(minute[0:4]), int(minute[5:7]), int(minute[8:10]), int(minute[11:13]), int(minute[14:16]),
+                 0, 0, 0, -1)
             )
-            self._last_second = second
-        return self._last_epoch + int(ts[20:23]) / 1000.0
+            self._last_minute = minute
+        return self._last_epoch + int(ts[17:19]) + int(ts[20:23]) / 1000.0
 
 
 def native_level(line: str) -> str | None:

@@ -39,7 +39,7 @@ def parse_epoch_line(text: str) -> StepLine | MonitorLine | None:
     m = _EPOCH_STEP.match(text)
     if m is None:
         return None
-    epoch, epochs, step, steps = (parse_int64(m.group(i)) for i in range(1, 5))
+    epoch, epochs, step, steps = map(parse_int64, m.group(1, 2, 3, 4))
     if epoch is None or epochs is None or step is None or steps is None:
         return None
     comma, tail = m.group(5), m.group(6)

@@ -130,6 +130,9 @@ def _replay_parser() -> argparse.ArgumentParser:
     _common(parser)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (it only shows on a terminal anyway)")
+    parser.add_argument("--jobs", type=int, metavar="N",
+                        help="read the ranks in N processes (default: one per usable core, for 8 MB of logs or more; "
+                        "1: one process)")
     parser.add_argument("--fail-on", metavar="ALERTS",
                         help="exit 5 if any of these alerts was raised, e.g. nan,spike (nan, spike, "
                         "behind, throughput, divergence, overflow, error); for CI jobs that gate on a log")
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     ns = vars(parser.parse_args(args if command == "watch" else args[1:]))
     # Imported once the arguments parse: ``--help`` and a usage error need none of it (pydantic,
-    # and through the lock's state file the aggregate, tensorboardX and numpy).
+    # and through the lock's state file the aggregate and TensorBoard's protos).
     from sidecar.output.lock import LockError, hold
     from sidecar.service.config import ConfigError, check_paths, load_config, prepare_out
     from sidecar.service.logsetup import setup_logging
@@ -214,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, LockError) as exc:
         parser.exit(EXIT_USAGE, "".join(f"{parser.prog}: error: {line}\n" for line in str(exc).splitlines()))
     _raise_fd_limit()
-    from sidecar.service.daemon import MetricsUnavailable
-
     try:
         if command == "aggregate":
             from sidecar.service.job_daemon import run_job_aggregate
@@ -225,11 +226,12 @@ def main(argv: list[str] | None = None) -> int:
             from sidecar.service.replay import run_replay
 
             return run_replay(config, EXIT_ALERT)
-        from sidecar.service.daemon import run_daemon
+        from sidecar.service.daemon import MetricsUnavailable, run_daemon
 
-        return run_daemon(config)
-    except MetricsUnavailable as exc:
-        parser.exit(EXIT_METRICS, f"{parser.prog}: error: {exc}\n")
+        try:
+            return run_daemon(config)
+        except MetricsUnavailable as exc:
+            parser.exit(EXIT_METRICS, f"{parser.prog}: error: {exc}\n")
     except OSError as exc:
         return _write_failure(config, exc)
     except LockError as exc:  # --out was deleted and another sidecar took it meanwhile

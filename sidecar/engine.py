@@ -34,6 +34,8 @@ them, and for a run of them the engine does only what the full path would have d
 stream, the rank, the last timestamp); every other line takes the full path.
 
 The engine is single-threaded and never sleeps: callers decide when to scan, pump and checkpoint.
+A replay may run one engine per share of the ranks in worker processes (:meth:`Engine.restrict`,
+:mod:`sidecar.service.replay_workers`); what needs every rank then goes through :class:`CrossRank`.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ import logging
 import os
 import re
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from parsers import tags
 from parsers.custom_metrics import CustomMatcher, CustomMetric
@@ -104,6 +106,30 @@ class Settings:
     every: int = 1  # --every: keep every N-th step per tag (sidecar.output.thinning)
     max_file_bytes: int | None = None  # --max-event-file-mb
     metrics: list[CustomMetric] = field(default_factory=list)  # the config file's metrics:
+    ranks: set[int] | None = None  # follow only these ranks (a replay worker's share, sidecar.service.replay_workers)
+
+
+class ForeignRank(Exception):
+    """A line of a rank outside :attr:`Settings.ranks` (a labelled line in another rank's file):
+    this engine must not write that rank's run, another one does."""
+
+
+class CrossRank(Protocol):
+    """What sees every rank's training steps: the aggregator, or a replay worker's relay to it."""
+
+    expected: set[int]
+
+    def observe(self, rank: int, record: Record, now: float, resumed: bool = False) -> None: ...
+
+    def note_pipeline(self, line: PipelineLine) -> None: ...
+
+    def note_parallel(self, line: ParallelConfigLine) -> None: ...
+
+    def pending_steps(self) -> int: ...
+
+    def waits_for(self, rank: int) -> bool: ...
+
+    def compared_ranks(self) -> set[int]: ...
 
 
 class Source:
@@ -114,10 +140,14 @@ class Source:
         self.tail = tail
         self.router = router
         self.chain = chain
-        self.backlog: deque[tuple[int, bytes]] = deque()
+        self.backlog: list[tuple[int, bytes]] = []  # lines read, processed up to ``next``
+        self.next = 0
         self.active = False  # it had input left after the last pump
         self.long_lines = 0  # of the tail's count, already accounted
         self.unseen_since: float | None = None  # monotonic time it left discovery
+
+    def unprocessed(self) -> bool:
+        return self.next < len(self.backlog)
 
     def holds_records(self) -> bool:
         return any(s.assembler.pending_origin is self for s in self.chain.streams.values())
@@ -125,8 +155,8 @@ class Source:
     def safe_offset(self) -> int:
         """Where a restart must read from: the oldest line whose record is not written yet."""
         pending = [s.assembler.pending_offset for s in self.chain.streams.values() if s.assembler.pending_origin is self]
-        if self.backlog:
-            pending.append(self.backlog[0][0])
+        if self.unprocessed():
+            pending.append(self.backlog[self.next][0])
         return min((p for p in pending if p is not None), default=self.tail.offset)
 
 
@@ -165,6 +195,8 @@ class Engine:
         self._rescan = False  # a backup appeared before the lines just read: find it first
         self._looked_for: set[Identity] = set()
         self.ranks: dict[int, Rank] = {}
+        self.stats: dict[int, RankStats] = {}  # per rank, also of ranks replay workers wrote
+        self.files_elsewhere = 0  # files replay workers read
         self.accounting = Accounting()
         self.alerts = Alerts(settings.alerts, settings.live)
         self.alerts.sinks += [self._alert_event, *settings.alert_sinks]
@@ -182,6 +214,8 @@ class Engine:
         )
         if self.aggregator is not None and self._restored.aggregate is not None:
             self.aggregator.restore(self._restored.aggregate)  # what it waited for before the restart
+        self.cross: CrossRank | None = self.aggregator
+        self.adopted: list[State] = []  # what replay workers read and wrote (their checkpoint parts)
         self.meta = RunMetadata()
         self.custom = CustomMatcher(settings.metrics) if settings.metrics else None
         self.samples = SampleTags(self.meta.batch, lambda rank: self.run_writer(f"{self.rank(rank).name}/{SAMPLES_RUN}"))
@@ -218,8 +252,10 @@ class Engine:
             if candidate.summary:
                 self.summaries.add(candidate.path)
                 continue
-            if candidate.ranked and self.aggregator is not None:
-                self.aggregator.expected.add(candidate.rank)
+            if self.settings.ranks is not None and candidate.rank not in self.settings.ranks:
+                continue
+            if candidate.ranked and self.cross is not None:
+                self.cross.expected.add(candidate.rank)
             try:
                 source = self.sources.get(Identity.of(os.stat(candidate.path)))
                 if source is None:
@@ -352,10 +388,10 @@ class Engine:
             rank = source.candidate.rank
             if rank in busy or not (unheld or self._may_read(source)):
                 continue
-            if not source.backlog:
+            if not source.unprocessed():
                 before = source.tail.bytes_read
                 try:
-                    source.backlog.extend(source.tail.read(per_file))
+                    source.backlog, source.next = source.tail.read(per_file), 0
                 except OSError as exc:
                     self._lose(source, exc)
                     continue
@@ -364,7 +400,7 @@ class Engine:
                 work += read
                 self.accounting.drop(rank, Reason.TOO_LONG, source.tail.long_lines - source.long_lines)
                 source.long_lines = source.tail.long_lines
-                if read and self._new_backup(source):
+                if read and source.backlog and source.backlog[0][0] == 0 and self._new_backup(source):
                     # copytruncate: the content before these lines is now in a backup that
                     # comes first in the chain. Find it before reading on.
                     self._rescan = True
@@ -372,14 +408,16 @@ class Engine:
                     busy.add(rank)
                     continue
             work += self._process(source, now, unheld)
-            source.active = bool(source.backlog) or source.tail.starved
+            source.active = source.unprocessed() or source.tail.starved
             if source.active:
                 busy.add(rank)
         return work
 
     def _new_backup(self, source: Source) -> bool:
         """Is there a first backup (``info.log.1``) of this live file that no scan has seen yet?
-        (Asked once per backup: one that discovery does not take must not stall the file.)"""
+        (Asked once per backup: one that discovery does not take must not stall the file.) Asked
+        only of reads from byte 0: a new file or one truncated in place; lines after others read
+        before follow them, whatever a rotation did since."""
         if source.candidate.backup:
             return False
         try:
@@ -392,10 +430,10 @@ class Engine:
         return True
 
     def _holding_back(self) -> bool:
-        return self.aggregator is not None and self.aggregator.pending_steps() > LEAD
+        return self.cross is not None and self.cross.pending_steps() > LEAD
 
     def _waited(self, source: Source) -> bool:
-        return self.aggregator is not None and self.aggregator.waits_for(source.candidate.rank)
+        return self.cross is not None and self.cross.waits_for(source.candidate.rank)
 
     def _may_read(self, source: Source) -> bool:
         """Below LEAD waiting steps every file may be read; above it, only the files of ranks the
@@ -406,39 +444,43 @@ class Engine:
         """Lines of the backlog, while the file may be read (see :meth:`_may_read`). Below LEAD
         the check is made once per batch: a line adds at most one waiting step."""
         done = 0
-        backlog = source.backlog
-        aggregator = self.aggregator
-        fast = source.router.plain_lines and self.custom is None  # custom metrics look at every line
-        while backlog:
+        aggregator = self.cross
+        while (left := len(source.backlog) - source.next) > 0:
             if unheld or aggregator is None:
-                batch = len(backlog)
+                batch = left
             elif aggregator.pending_steps() <= LEAD:
                 batch = LEAD + 1 - aggregator.pending_steps()
             elif self._waited(source):
                 batch = 1
             else:
                 break
-            batch = min(batch, len(backlog))
-            skipped = False  # lines the fast path found nothing in since the last full one
-            timed = None  # the last of them with a timestamp
-            for _ in range(batch):
-                start, raw = backlog.popleft()
-                text = text_of(raw)
-                kind = plain(text) if fast else NOT_PLAIN
-                if kind:
-                    skipped = True
-                    if kind == TIMED:
-                        timed = text
-                    continue
-                if skipped:
-                    self._skip(source, timed)
-                    skipped, timed = False, None
-                self._line(source, start, text, now)
-            if skipped:
-                self._skip(source, timed)
+            batch = min(batch, left)
+            self._lines(source, source.next, source.next + batch, now)
+            source.next += batch
             done += batch
         self.lines_read += done
         return done
+
+    def _lines(self, source: Source, begin: int, end: int, now: float) -> None:
+        """Backlog lines ``begin`` to ``end``: plain ones (:mod:`parsers.fast_path`) passed over, the
+        others parsed."""
+        fast = source.router.plain_lines and self.custom is None  # custom metrics look at every line
+        skipped = False  # lines the fast path found nothing in since the last full one
+        timed = None  # the last of them with a timestamp
+        for start, raw in source.backlog[begin:end]:
+            text = text_of(raw)
+            kind = plain(text) if fast else NOT_PLAIN
+            if kind:
+                skipped = True
+                if kind == TIMED:
+                    timed = text
+                continue
+            if skipped:
+                self._skip(source, timed)
+                skipped, timed = False, None
+            self._line(source, start, text, now)
+        if skipped:
+            self._skip(source, timed)
 
     def _skip(self, source: Source, timed: str | None) -> None:
         """What the full path does with a run of plain lines (the stream, the rank, the time of
@@ -447,14 +489,14 @@ class Engine:
         stream = self._stream(source.chain, rank)
         if timed is not None:
             stream.skip(timed)
-        if self.aggregator is not None:
-            self.aggregator.expected.add(rank)
+        if self.cross is not None:
+            self.cross.expected.add(rank)
 
     def _line(self, source: Source, start: int, text: str, now: float) -> None:
         rank, body = source.router.route(text)
         stream = self._stream(source.chain, rank)
-        if self.aggregator is not None:
-            self.aggregator.expected.add(rank)
+        if self.cross is not None:
+            self.cross.expected.add(rank)
         parsed, records = stream.feed(body, start, now, source)
         if stream.startup.updates:
             self.meta.note(rank, stream.startup.take())
@@ -467,10 +509,10 @@ class Engine:
             self._layouts.setdefault(rank, LayoutNote()).note(parsed)  # not the run: it is named at its first step
         if isinstance(parsed, MalformedLine):
             self.accounting.drop(rank, Reason.MALFORMED)
-        elif isinstance(parsed, PipelineLine) and self.aggregator is not None:
-            self.aggregator.note_pipeline(parsed)
-        elif isinstance(parsed, ParallelConfigLine) and self.aggregator is not None:
-            self.aggregator.note_parallel(parsed)
+        elif isinstance(parsed, PipelineLine) and self.cross is not None:
+            self.cross.note_pipeline(parsed)
+        elif isinstance(parsed, ParallelConfigLine) and self.cross is not None:
+            self.cross.note_parallel(parsed)
         for record in records:
             self._deliver(rank, stream, record)
 
@@ -504,9 +546,14 @@ class Engine:
         return holding
 
     def end_of_input(self) -> None:
-        """Release every held record (replay: nothing more will come). A file that ends in an
-        unfinished line (a writer killed mid-line) is not parsed there, since a cut number would
-        be a wrong value: that line is counted as malformed."""
+        """Replay: nothing more will come (:meth:`drain`, then :meth:`finish`)."""
+        self.drain()
+        self.finish()
+
+    def drain(self) -> None:
+        """Release every held record. A file that ends in an unfinished line (a writer killed
+        mid-line) is not parsed there, since a cut number would be a wrong value: that line is
+        counted as malformed."""
         for source in self.sources.values():
             if not source.tail.skipping and not source.tail.drained():
                 self.accounting.drop(source.candidate.rank, Reason.MALFORMED)
@@ -518,9 +565,14 @@ class Engine:
                 stream.startup.flush()
                 if stream.startup.updates:
                     self.meta.note(rank, stream.startup.take())
+
+    def finish(self, front: int | None = None) -> None:
+        """After :meth:`drain`: write what the aggregate still holds, judge ranks behind (against
+        ``front``, the furthest step of every rank, when other engines follow some of them) and
+        write the last points ``--every`` held back."""
         if self.aggregator is not None:
             self.aggregator.flush()
-        self.alerts.check_behind()
+        self.alerts.check_behind(front)
         self._write_last_points()
 
     def _write_last_points(self) -> None:
@@ -552,6 +604,8 @@ class Engine:
     def rank(self, rank: int) -> Rank:
         entry = self.ranks.get(rank)
         if entry is None:
+            if self.settings.ranks is not None and rank not in self.settings.ranks:
+                raise ForeignRank(rank)
             template = self.settings.run_name
             run = self._restored.runs.get(str(rank))
             digest = self.meta.config_hash(rank) if run_names.uses(template, "config_hash") else None
@@ -564,15 +618,17 @@ class Engine:
             self.meta.restore(rank, self.settings.out / name)
             since = RunView(dict(run.watermarks), run.file, run.size) if run else None
             entry = self.ranks[rank] = Rank(self.settings.out / name, name, since, self.settings)
+            self.stats[rank] = entry.stats
         return entry
 
     def _deliver(self, rank_id: int, stream: Stream, record: Record) -> None:
         rank = self.rank(rank_id)
         stats = rank.stats
+        now = time.monotonic()
         if record.training_step:
             verdict = rank.sequencer.judge(record, stream.cursor)
-            if verdict is not Verdict.SUPERSEDED and self.aggregator is not None:
-                self.aggregator.observe(rank_id, record, time.monotonic(), verdict is Verdict.RESUME)
+            if verdict is not Verdict.SUPERSEDED and self.cross is not None:
+                self.cross.observe(rank_id, record, now, verdict is Verdict.RESUME)
             if verdict is Verdict.DUPLICATE:
                 self.accounting.drop(rank_id, Reason.DUPLICATE)
                 return
@@ -603,8 +659,7 @@ class Engine:
         if record.training_step and note is not None and (layout := note.take()) is not None:  # before the step
             rank.writer.write_values(record.step, record.wall_time or time.time(), [layout])
         raised = self.alerts.raised
-        self.alerts.observe(rank_id, record, time.monotonic(),
-                            self.aggregator.valid_loss_ranks() if self.aggregator is not None else set())
+        self.alerts.observe(rank_id, record, now, self.cross.compared_ranks() if self.cross is not None else set())
         if record.training_step:
             thinner = rank.thinner
             if thinner is not None and not thinner.thin(record, self.alerts.raised != raised) and not record.texts:
@@ -632,6 +687,35 @@ class Engine:
         self.sources.pop(source.tail.identity, None)
         self._order = None
 
+    # -- replay workers (sidecar.service.replay_workers) --------------------------------------
+    def restrict(self, ranks: set[int], cross: CrossRank) -> None:
+        """Become a worker's engine: read only the files of ``ranks``; what needs every rank (the
+        aggregate, divergence) goes to ``cross``, which relays it to the parent."""
+        self.settings.ranks = ranks
+        for identity, source in list(self.sources.items()):
+            if source.candidate.rank not in ranks:
+                source.tail.close()
+                del self.sources[identity]
+        self._order = None
+        self.aggregator = None
+        self.cross = cross
+
+    def hand_over(self) -> None:
+        """The parent's side of :meth:`restrict`: workers read every file, none is read here."""
+        self.files_elsewhere += len(self.sources)
+        for source in self.sources.values():
+            source.tail.close()
+        self.sources.clear()
+        self.chains.clear()
+        self._order = None
+
+    def adopt(self, part: State, stats: dict[int, RankStats], accounting: Accounting) -> None:
+        """What a worker read and wrote: its checkpoint part (saved with this engine's), its
+        ranks' figures and its counts."""
+        self.adopted.append(part)
+        self.stats.update(stats)
+        self.accounting.merge(accounting)
+
     # -- output ----------------------------------------------------------------------------
     def flush(self) -> None:
         """Make written events visible to TensorBoard (no fsync)."""
@@ -640,10 +724,22 @@ class Engine:
 
     def checkpoint(self) -> None:
         """Durability barrier for events, then the offsets that depend on them."""
-        self.meta.write_due({rank_id: rank.writer for rank_id, rank in self.ranks.items()})
-        self.layout.update((t for rank in self.ranks.values() for t in rank.writer.view.watermarks),
+        marks = [rank.writer.view.watermarks for rank in self.ranks.values()]
+        marks += [run.watermarks for part in self.adopted for run in part.runs.values()]
+        self.layout.update((t for m in marks for t in m),
                            self.aggregator.writer.view.watermarks if self.aggregator is not None else ())
+        self.store.save(self.state())
+
+    def state(self) -> State:
+        """Sync every writer and describe what they hold and where each file was read to, with the
+        parts replay workers handed over (:attr:`adopted`)."""
+        self.meta.write_due({rank_id: rank.writer for rank_id, rank in self.ranks.items()})
         state = State(summaries=self.summaries.offsets())
+        for part in self.adopted:
+            state.files += part.files
+            state.runs.update(part.runs)
+            for key, streams in part.chains.items():
+                state.chains.setdefault(key, {}).update(streams)
         for writer in self._extra_writers():
             writer.sync()
         if self.aggregator is not None:
@@ -652,20 +748,22 @@ class Engine:
             view = rank.writer.sync()
             state.runs[str(rank_id)] = RunState(name=rank.name, file=view.file, size=view.size,
                                                 watermarks=dict(view.watermarks))
+        mine = self.settings.ranks  # a worker hands over only its own ranks
         for key, run_state in self._restored.runs.items():
-            state.runs.setdefault(key, run_state)
+            if mine is None or int(key) in mine:
+                state.runs.setdefault(key, run_state)
         for chain in self.chains.values():
             state.chains[chain.key] = {
                 str(rank): StreamState(assembler=s.assembler.snapshot(), prev_step=s.cursor.prev_step, live=s.cursor.live)
                 for rank, s in chain.streams.items()
             }
         for key, streams in self._restored.chains.items():
-            state.chains.setdefault(key, streams)
+            state.chains.setdefault(key, {r: s for r, s in streams.items() if mine is None or int(r) in mine})
         for source in self.sources.values():
             file_state = self._file_state(source)
             if file_state is not None:
                 state.files.append(file_state)
-        self.store.save(state)
+        return state
 
     def _file_state(self, source: Source) -> FileState | None:
         tail = source.tail
@@ -700,7 +798,7 @@ class Engine:
             if (
                 source.unseen_since is not None
                 and now - source.unseen_since >= quiet
-                and not source.backlog
+                and not source.unprocessed()
                 and not source.holds_records()
                 and source.tail.drained()
             ):

@@ -37,6 +37,27 @@ def texts(run_dir: Path) -> dict[str, dict[int, str]]:
     return out
 
 
+Event = tuple[str, int, object, "float | None"]
+
+
+def all_events(out: Path, clock: tuple[float, float] = (math.inf, -math.inf)) -> dict[str, list[Event]]:
+    """Every run under ``out``: its (tag, step, value or serialized text, wall time), sorted, as
+    ``EventAccumulator`` shows them; a wall time within ``clock`` (taken from the clock while the
+    output was written, not from a log) is ``None``."""
+    found: dict[str, list[Event]] = {}
+    for run in sorted(p for p in out.rglob("*") if p.is_dir() and any(p.glob("*tfevents*"))):
+        acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        points: list[Event] = []
+        for tag in acc.Tags()["scalars"]:
+            points += [(tag, e.step, "nan" if math.isnan(e.value) else e.value, e.wall_time) for e in acc.Scalars(tag)]
+        for tag in acc.Tags()["tensors"]:
+            points += [(tag, e.step, e.tensor_proto.SerializeToString(), e.wall_time) for e in acc.Tensors(tag)]
+        found[str(run.relative_to(out))] = sorted(
+            (t, s, v, None if w is not None and clock[0] <= w <= clock[1] else w) for t, s, v, w in points)
+    return found
+
+
 def raw_points(run_dir: Path) -> Counter[tuple[str, int]]:
     """(tag, step) -> how many times it is in the files, ignoring TensorBoard's purge."""
     counts: Counter[tuple[str, int]] = Counter()

@@ -73,6 +73,9 @@ MF_VENV = CACHE / "mfvenv"
 REPORT = CACHE / "mindformers-fidelity.json"
 # mindformers 1.9.0 pins mindspore~=2.9.0; the recipe and the marker are about 1.9.
 MF_REQUIREMENT = "mindformers==1.9.*"
+# What the in-process callback imports besides what mindformers brings (pyproject's pin): a
+# training environment gets it with ``pip install mstb-sidecar``.
+SIDECAR_REQUIREMENTS = ["tensorboard>=2.16,<3", "crc32c>=2.4,<3"]
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1")
 
 TRAIN_TIMEOUT = 900.0  # one training run (seconds); normal is 15-70 s
@@ -126,7 +129,7 @@ def _import_check(python: Path, cwd: Path) -> dict[str, str] | str:
 
     Runs in ``cwd``: importing mindformers creates ``output/log`` in the working directory.
     """
-    code = "import json, mindformers, mindspore; print(json.dumps({'mindformers': mindformers.__version__, 'mindspore': mindspore.__version__}))"
+    code = "import json, mindformers, mindspore, tensorboard, crc32c; print(json.dumps({'mindformers': mindformers.__version__, 'mindspore': mindspore.__version__}))"
     try:
         proc = subprocess.run([str(python), "-c", code], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -138,7 +141,7 @@ def _import_check(python: Path, cwd: Path) -> dict[str, str] | str:
 
 
 def build_mf_venv(venv: Path, log: Path) -> float:
-    """``python -m venv VENV && VENV/bin/pip install mindformers==1.9.*``; returns seconds taken.
+    """``python -m venv VENV && VENV/bin/pip install mindformers==1.9.* tensorboard crc32c``; returns seconds taken.
 
     Raises :class:`RegistryUnreachable` when pip could not reach the index, AssertionError on any
     other failure. ``log`` gets pip's output.
@@ -149,7 +152,7 @@ def build_mf_venv(venv: Path, log: Path) -> float:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     with open(log, "w") as out:
         proc = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", MF_REQUIREMENT],
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", MF_REQUIREMENT, *SIDECAR_REQUIREMENTS],
             stdout=out, stderr=subprocess.STDOUT, env=clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
             timeout=PIP_TIMEOUT,
         )

@@ -25,9 +25,9 @@ import pytest
 from mindspore_required import require_mindspore
 from tensorboard import data_compat
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.util import tensor_util
-from tensorboardX.proto.event_pb2 import Event
-from tensorboardX.proto.summary_pb2 import Summary
 
 from sidecar.mindspore.ms_summary import ConvertedEvent, MsSummaryFile, find_summary_files, read_lineage
 from sidecar.output.tfrecord import frame, iter_records

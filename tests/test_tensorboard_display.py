@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tensorboard.compat.proto import summary_pb2
 from tensorboardX.proto import event_pb2
 from tensorboardX.summary import custom_scalars, text
 
@@ -124,7 +125,8 @@ def test_a_run_written_with_the_old_text_names_gets_no_text_twice(tmp_path: Path
     a run again from scratch (no checkpoint) must recognise those texts under the new name."""
     out = tmp_path / "summary"
     with monkeypatch.context() as m:  # the earlier version's text values
-        m.setattr(run_writer, "text_value", lambda tag, value: text(tag, value).value[0])
+        m.setattr(run_writer, "text_value",  # tensorboardX's proto classes, TensorBoard's bytes
+                  lambda tag, value: summary_pb2.Summary.Value.FromString(text(tag, value).value[0].SerializeToString()))
         replay(DP2, out)
     before = raw_points(out / "rank_0")
     assert {t for t, _ in before if t.startswith("events/")} == {f"{t}/text_summary" for t in TEXTS}

@@ -62,6 +62,12 @@ class Accounting:
         if count:
             self.dropped[(rank, reason)] += count
 
+    def merge(self, other: Accounting) -> None:
+        """Add the counts of another engine's accounting (a replay worker's)."""
+        self.written.update(other.written)
+        self.dropped.update(other.dropped)
+        self._unreadable.update(other._unreadable)
+
     def unreadable(self, path: Path, rank: int, exc: OSError) -> None:
         """A file cannot be read: warn and count once, until it is readable again."""
         why = exc.strerror or str(exc)

@@ -9,6 +9,10 @@ reported it ``timeout`` seconds after its first report (a dead rank must not sta
 the end of a replay everything waiting is written. A step written without a rank is counted
 (``incomplete_steps``) and logged, naming the ranks (rate-limited).
 
+Whatever order the ranks' records arrive in (one engine, or replay workers relaying them), a
+step's point is the same: its wall time is its lowest rank's, the mean an exact sum, and ties
+for the slowest rank go to the lower rank.
+
 Order. Steps are written in increasing order, and a record for a step at or below the last one
 written is ignored (a re-read after a restart, a rank later than the timeout): it must not start
 a one-rank step that then counts as complete. A training resume is the exception: the first rank
@@ -44,17 +48,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
-from tensorboardX.summary import custom_scalars
+from tensorboard.plugins.custom_scalar import layout_pb2
 
 from parsers import tags
 from parsers.records import ParallelConfigLine, PipelineLine, Record
-from sidecar.output.run_writer import RunWriter
+from sidecar.output.run_writer import RunWriter, custom_scalars_value
 
 log = logging.getLogger(__name__)
 
 AGGREGATED = (*tags.MAIN, "lm-loss", "mtp-loss", "load-balancing-loss", "indexer-loss")
-_AGGREGATED = frozenset(AGGREGATED)
+AGGREGATED_TAGS = frozenset(AGGREGATED)
 SLOWEST = f"{tags.ITERATION_TIME}/slowest-rank"
+_NAMES = {tag: (f"{tag}/mean", f"{tag}/min", f"{tag}/max", f"{tag}/spread") for tag in AGGREGATED}
 WARN_EVERY = 60.0  # at most one warning about steps written without a rank per this many seconds
 
 
@@ -84,8 +89,18 @@ class AggregateState(BaseModel):
 @dataclass(slots=True)
 class _Step:
     first_seen: float  # inf: restored, its timeout starts at the next look with a clock
-    wall: float
-    values: dict[str, dict[int, float]] = field(default_factory=dict)  # tag -> rank -> value
+    wall: float  # of the lowest rank that reported it
+    wall_rank: int
+    ranks: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> its scalars (any tags)
+
+    def by_tag(self) -> dict[str, dict[int, float]]:
+        """tag -> rank -> value of the aggregated tags, ranks in order."""
+        out: dict[str, dict[int, float]] = {}
+        for rank in sorted(self.ranks):
+            for tag, value in self.ranks[rank].items():
+                if tag in AGGREGATED_TAGS:
+                    out.setdefault(tag, {})[rank] = value
+        return out
 
 
 class CrossRankAggregator:
@@ -113,6 +128,7 @@ class CrossRankAggregator:
         self._front_sizes = (0, 0)
         self._front_missing = 0
         self._unstamped = False  # restored steps wait for a clock to start their timeout
+        self._keys: dict[int, frozenset[str]] = {}  # rank -> the tags of its last step, for ``reporters``
         self._warned_at = -math.inf
         self._said: set[str] = set()
 
@@ -120,11 +136,15 @@ class CrossRankAggregator:
     def observe(self, rank: int, record: Record, now: float, resumed: bool = False) -> None:
         """A training-step record of ``rank`` (new, or a duplicate of one already written, which
         completes a step that a restart interrupted; ``resumed``: the rank went back in steps)."""
-        if not record.training_step:
-            return
-        step = record.step
+        if record.training_step:  # a copy: the engine adds derived tags to the record later
+            self.observe_step(rank, record.step, record.wall_time, dict(record.scalars), now, resumed)
+
+    def observe_step(self, rank: int, step: int, wall_time: float | None, scalars: dict[str, float], now: float,
+                     resumed: bool = False) -> None:
+        """:meth:`observe` of a training step's parts (as a replay worker relays them); ``scalars``
+        is kept, not copied."""
         if resumed:
-            self._resume(rank, step, record.wall_time)
+            self._resume(rank, step, wall_time)
         elif self._resumed_at is not None and step >= self._resumed_at and rank in self._behind:
             return  # superseded: this rank has not gone back to the resume step yet
         self._advance(rank, step)
@@ -132,19 +152,15 @@ class CrossRankAggregator:
             return
         entry = self._pending.get(step)
         if entry is None:
-            entry = self._pending[step] = _Step(now, record.wall_time or 0.0)
+            entry = self._pending[step] = _Step(now, wall_time or 0.0, rank)
             heapq.heappush(self._order, step)
-        values = entry.values
-        for tag, value in record.scalars.items():
-            if tag not in _AGGREGATED:
-                continue
-            by_rank = values.get(tag)
-            if by_rank is None:
-                by_rank = values[tag] = {}
+        elif rank < entry.wall_rank:
+            entry.wall, entry.wall_rank = wall_time or 0.0, rank
+        entry.ranks[rank] = scalars  # taken apart per tag once, when the step is written
+        if scalars.keys() != self._keys.get(rank):  # the tags a rank reports rarely change
+            self._keys[rank] = frozenset(scalars)
+            for tag in scalars.keys() & AGGREGATED_TAGS:
                 self.reporters.setdefault(tag, set()).add(rank)
-            elif rank not in by_rank:
-                self.reporters[tag].add(rank)
-            by_rank[rank] = value
         self._write_due(now)
 
     def note_pipeline(self, line: PipelineLine) -> None:
@@ -181,7 +197,7 @@ class CrossRankAggregator:
 
     def snapshot(self) -> AggregateState:
         return AggregateState(
-            pending=[PendingStep(step=s, wall=e.wall, values=e.values) for s, e in sorted(self._pending.items())],
+            pending=[PendingStep(step=s, wall=e.wall, values=e.by_tag()) for s, e in sorted(self._pending.items())],
             last_step=self.last_step,
             reporters={tag: sorted(ranks) for tag, ranks in self.reporters.items()},
             pipeline=self.pipeline,
@@ -198,7 +214,7 @@ class CrossRankAggregator:
         (written after that checkpoint, before a crash) are not waited for again."""
         self._emitted = max(self._emitted, state.emitted)
         self._pending = {
-            p.step: _Step(math.inf, p.wall, {tag: dict(v) for tag, v in p.values.items()})
+            p.step: _Step(math.inf, p.wall, -1, _by_rank(p.values))  # -1: keep the wall it had
             for p in state.pending
             if p.step > self._emitted
         }
@@ -296,6 +312,12 @@ class CrossRankAggregator:
         per_stage = max(world // pipeline.stages, 1)
         return set(range(world - per_stage, world))
 
+    def compared_ranks(self) -> set[int]:
+        """The ranks whose losses the divergence check compares: the valid ones, of every rank known
+        (from the paths and lines read, not just those that reported so far)."""
+        valid = self.valid_loss_ranks()
+        return self.expected if valid is None else valid
+
     def _world_size(self) -> int:
         seen = max(self.expected | self.last_step.keys(), default=0) + 1
         if self.parallel is None:
@@ -311,8 +333,9 @@ class CrossRankAggregator:
 
     def _emit(self, step: int, entry: _Step) -> None:
         scalars: dict[str, float] = {}
-        valid_loss = self.valid_loss_ranks()
-        for tag, by_rank in entry.values.items():
+        values_of = entry.by_tag()
+        valid_loss = self.valid_loss_ranks() if tags.LOSS in values_of else None
+        for tag, by_rank in values_of.items():
             if tag == tags.LOSS and valid_loss is not None:
                 by_rank = {r: v for r, v in by_rank.items() if r in valid_loss}
                 if not by_rank and valid_loss.isdisjoint(self.expected | self.last_step.keys()):
@@ -321,20 +344,20 @@ class CrossRankAggregator:
                                rank_ranges(valid_loss))
             if not by_rank:
                 continue
+            mean, low, high, spread = _NAMES[tag]
             values = list(by_rank.values())
             if all(map(math.isfinite, values)):
                 finite = values
-                scalars[f"{tag}/mean"] = sum(values) / len(values)
+                scalars[mean] = math.fsum(values) / len(values)
             else:
                 finite = [v for v in values if math.isfinite(v)]
-                scalars[f"{tag}/mean"] = math.nan  # a non-finite rank must show, not be averaged away
+                scalars[mean] = math.nan  # a non-finite rank must show, not be averaged away
             if finite:
-                low, high = min(finite), max(finite)
-                scalars[f"{tag}/min"] = low
-                scalars[f"{tag}/max"] = high
-                scalars[f"{tag}/spread"] = high - low
+                scalars[low] = lowest = min(finite)
+                scalars[high] = highest = max(finite)
+                scalars[spread] = highest - lowest
             if tag == tags.ITERATION_TIME:
-                scalars[SLOWEST] = float(max(by_rank, key=lambda r: by_rank[r]))
+                scalars[SLOWEST] = float(max(sorted(by_rank), key=by_rank.__getitem__))  # ties: the lower rank
         self._emitted = step
         if scalars:
             self.writer.write(Record(step, entry.wall or None, scalars))
@@ -348,9 +371,17 @@ class CrossRankAggregator:
     def _retire_old_layout(self) -> None:
         """Earlier versions wrote their layout here at step 0; the plugin reads a run's newest
         layout, so an empty one at step 1 takes its place (once: the watermark is then 1)."""
-        (value,) = custom_scalars({}).value
+        value = custom_scalars_value(layout_pb2.Layout())
         if self.writer.view.watermarks.get(value.tag) == 0:
             self.writer.write_values(1, time.time(), [value])
+
+
+def _by_rank(values: dict[str, dict[int, float]]) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for tag, by_rank in values.items():
+        for rank, value in by_rank.items():
+            out.setdefault(rank, {})[tag] = value
+    return out
 
 
 def rank_ranges(ranks: set[int] | list[int], sep: str = ", ") -> str:

@@ -5,7 +5,10 @@ checkpoint save at that step when the log reports one), fp16 overflow streaks, e
 (tracebacks, NaN/Inf aborts, worker exits), and, live only, a stall (:mod:`.detectors`).
 Across ranks: a rank more than N steps behind the furthest one, and ranks whose loss at the same
 step spreads beyond a tolerance (data-parallel ranks that should agree; only the ranks whose
-loss the aggregate counts, so pipeline stages that print no valid loss are left out).
+loss the aggregate counts, so pipeline stages that print no valid loss are left out). A step is
+judged once each of those ranks known has a loss there, and its alert carries the lowest rank's
+wall time, so the verdict does not depend on the order the ranks are read in (replay workers
+relay the losses to one check: :mod:`sidecar.service.replay_workers`).
 
 Every alert and every "resolved" is an :class:`Alert` handed to each sink in order: the
 sidecar's log (a warning naming rank, step, metric, value and threshold; stderr, so journald
@@ -26,7 +29,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from parsers import tags
@@ -81,6 +84,13 @@ Sink = Callable[[Alert], None]
 T = TypeVar("T")
 
 
+@dataclass(slots=True)
+class _StepLosses:
+    wall: float | None  # of the lowest rank with a loss there, whichever rank came last
+    wall_rank: int
+    losses: dict[int, float] = field(default_factory=dict)  # rank -> loss
+
+
 class RankWatch:
     """One rank's detectors and the latest values (also the metrics endpoint's gauges)."""
 
@@ -115,7 +125,10 @@ class Alerts:
         self.raised = 0  # alerts and resolutions so far: --every keeps the steps at which this grows
         self.started: dict[tuple[int, str], float] = {}  # (rank or -1, name) -> monotonic time of the last start
         self.ranks: dict[int, RankWatch] = {}
-        self._losses: dict[int, dict[int, float]] = {}  # step -> rank -> loss, for divergence
+        self._losses: dict[int, _StepLosses] = {}  # step -> the ranks' losses, for divergence
+        # Where each loss goes: the divergence check here, or a replay worker's relay to the one
+        # that sees every rank (sidecar.service.replay_workers).
+        self.loss_sink: Callable[[int, int, float, float | None, set[int] | None], None] = self.note_loss
         self._divergence_on = self.settings.divergence.enabled
         self._loss_ranks: set[int] = set()  # ranks whose loss the divergence check has seen
         self._divergence = Episode(after=self.settings.divergence.steps, clear=self.settings.divergence.steps)
@@ -186,7 +199,7 @@ class Alerts:
         if self._divergence_on and (loss_ranks is None or rank in loss_ranks):
             loss = scalars.get(tags.LOSS)
             if loss is not None:
-                self._note_loss(rank, record.step, loss, record.wall_time)
+                self.loss_sink(rank, record.step, loss, record.wall_time, loss_ranks)
 
     def _level(self, name: str, group: Group, rank: int, record: Record, metric: str, value: float | None,
                verdict: str, threshold: float, detail: str) -> None:
@@ -195,11 +208,19 @@ class Alerts:
                          wall_time=record.wall_time))
 
     # -- across ranks ----------------------------------------------------------------------
-    def _note_loss(self, rank: int, step: int, loss: float, wall: float | None) -> None:
-        losses = self._losses.setdefault(step, {})
+    def note_loss(self, rank: int, step: int, loss: float, wall: float | None, ranks: set[int] | None) -> None:
+        """One rank's loss at ``step``; once each of ``ranks`` (``None``: those with a loss so far) has
+        one there, judge the spread. Known ranks, not those so far, make the verdict independent of
+        the order the ranks are read in."""
+        entry = self._losses.get(step)
+        if entry is None:
+            entry = self._losses[step] = _StepLosses(wall, rank)
+        elif rank < entry.wall_rank:
+            entry.wall, entry.wall_rank = wall, rank
+        losses = entry.losses
         losses[rank] = loss
         self._loss_ranks.add(rank)
-        if len(losses) < max(len(self._loss_ranks), 2):
+        if len(losses) < max(len(self._loss_ranks if ranks is None else ranks), 2):
             if len(self._losses) > DIVERGENCE_STEPS:
                 del self._losses[next(iter(self._losses))]  # the first step noted: no scan on the hot path
             return
@@ -212,20 +233,22 @@ class Alerts:
         spread, limit = finite[-1] - finite[0], max(s.abs, s.rel * abs(median))
         verdict = self._divergence.update(spread > limit)
         if verdict:
-            ranks = sorted(losses, key=losses.__getitem__)
+            ranks = sorted(sorted(losses), key=losses.__getitem__)  # ties: the lower rank
             detail = (f"loss from {finite[0]:.6g} (rank {ranks[0]}) to {finite[-1]:.6g} (rank {ranks[-1]}) "
                       f"for {s.steps} steps" if verdict == "start" else "the ranks' losses agree again")
             self._emit(Alert("divergence", Group.DIVERGENCE, None, step, "loss spread", spread, f"{limit:.6g}",
-                             detail, resolved=verdict == "end", wall_time=wall))
+                             detail, resolved=verdict == "end", wall_time=entry.wall))
 
-    def check_behind(self) -> None:
-        """Judge how far each rank trails (call when reading has caught up, or at the end)."""
+    def check_behind(self, front: int | None = None) -> None:
+        """Judge how far each rank trails (call when reading has caught up, or at the end);
+        ``front``: the furthest step of all ranks, when some are followed elsewhere."""
         if not self.settings.rank_behind.enabled:
             return
         steps = {rank: w.last_step for rank, w in self.ranks.items() if w.last_step is not None}
-        if len(steps) < 2:
-            return
-        front = max(steps.values())
+        if front is None:
+            if len(steps) < 2:
+                return
+            front = max(steps.values())
         for rank, step in sorted(steps.items()):
             watch = self.ranks[rank]
             gap = front - step

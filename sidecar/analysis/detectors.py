@@ -210,18 +210,22 @@ class StallDetector:
         self.step_seconds: deque[float] = deque(maxlen=20)
         self.arrived: float | None = None
         self.episode = Episode()
+        self._limit: float | None = None  # of the current step times (checked every loop round)
 
     def arrival(self, now: float, step_seconds: float | None) -> str | None:
         if step_seconds is None and self.arrived is not None:
             step_seconds = now - self.arrived
         if step_seconds is not None and math.isfinite(step_seconds) and step_seconds >= 0:
             self.step_seconds.append(step_seconds)
+            self._limit = None
         self.arrived = now
         return self.episode.update(False)
 
     def limit(self) -> float:
-        median = statistics.median(self.step_seconds) if self.step_seconds else 0.0
-        return max(self.settings.factor * median, self.settings.min_seconds)
+        if self._limit is None:
+            median = statistics.median(self.step_seconds) if self.step_seconds else 0.0
+            self._limit = max(self.settings.factor * median, self.settings.min_seconds)
+        return self._limit
 
     def check(self, now: float) -> str | None:
         if self.arrived is None or self.episode.active:

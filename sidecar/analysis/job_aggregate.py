@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
-from tensorboardX.proto import event_pb2
+from tensorboard.compat.proto import event_pb2
 
 from parsers.records import Record
 from sidecar.analysis.aggregate import AGGREGATED, AggregateState, CrossRankAggregator, rank_ranges

@@ -20,7 +20,7 @@ hands both to :meth:`~sidecar.analysis.aggregate.CrossRankAggregator.note_parall
 from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
-from tensorboardX.proto import summary_pb2
+from tensorboard.compat.proto import summary_pb2
 
 from parsers import tags
 from parsers.records import ParallelConfigLine, PipelineLine

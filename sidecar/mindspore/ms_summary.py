@@ -4,7 +4,7 @@ MindSpore frames its files exactly like TensorBoard (TFRecord) but its ``Summary
 TensorFlow's: the scalar sits in field 3 instead of 2, the histogram in field 9 (TF's
 ``metadata``) and the tensor uses anf_ir's ``TensorProto``. Stock TensorBoard therefore drops
 everything but images, silently. This module decodes MindSpore's messages and re-expresses them
-as tensorboardX ``Summary.Value`` protos; it needs no MindSpore at runtime.
+as TensorBoard ``Summary.Value`` protos; it needs no MindSpore at runtime.
 
 The field numbers come from MindSpore's own ``mindspore/ccsrc/utils/summary.proto`` and
 ``anf_ir.proto``; ``tests/test_ms_summary.py`` checks them against files real MindSpore wrote.
@@ -20,10 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
-from tensorboardX.proto.summary_pb2 import HistogramProto, Summary
+from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 
 from sidecar.following.discovery import SUMMARY_NAME
 from sidecar.output.tfrecord import CorruptRecord, iter_records
@@ -285,6 +284,8 @@ def _tensor(tag: str, tensor: Any) -> list[Summary.Value]:
     MindSpore's summary writer puts every dtype into ``float_data`` (float32); the other
     repeated fields are read for completeness. An empty tensor converts to nothing.
     """
+    import numpy as np  # only for MindSpore summaries: replay and the daemon start without it
+
     data = (tensor.float_data or tensor.double_data or tensor.int64_data or tensor.int32_data
             or tensor.uint64_data)
     values = np.asarray(data, dtype=np.float64)
@@ -311,6 +312,8 @@ def read_lineage(path: str | Path) -> dict[str, str | int | float]:
     which never override the built-in keys. The learning rate exists only here, never as a
     scalar. Floats are float32 on disk and returned at float32's shortest round-trip decimal.
     """
+    import numpy as np  # for float32's shortest decimal
+
     train: dict[str, str | int | float] = {}
     custom: dict[str, str | int | float] = {}
     for payload in _RecordFollower(path).payloads():

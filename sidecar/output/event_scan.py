@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tensorboardX.proto import event_pb2, summary_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2
 
 from parsers import tags
 from sidecar.analysis.sequencer import WINDOW, Identity, identity

@@ -20,15 +20,15 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from tensorboardX.proto import event_pb2, layout_pb2, summary_pb2
-from tensorboardX.summary import custom_scalars
+from tensorboard.compat.proto import event_pb2
+from tensorboard.plugins.custom_scalar import layout_pb2
 
 from sidecar.analysis.aggregate import AGGREGATED
 from sidecar.output.event_file import event_files
-from sidecar.output.run_writer import RunWriter
+from sidecar.output.run_writer import CUSTOM_SCALARS_TAG, RunWriter, custom_scalars_value
 from sidecar.output.tfrecord import CorruptRecord, iter_records
 
-LAYOUT_TAG = "custom_scalars__config__"  # the tag TensorBoard's custom_scalars plugin reads
+LAYOUT_TAG = CUSTOM_SCALARS_TAG
 OVERLAY = "all ranks"
 BAND = "mean, min-max band"
 
@@ -50,20 +50,22 @@ class LayoutRun:
             return
         self.overlays, self.bands = overlays, bands
         step = self.writer.view.watermarks.get(LAYOUT_TAG, -1) + 1
-        self.writer.write_values(step, time.time(), list(_layout_summary(overlays, bands).value))
+        self.writer.write_values(step, time.time(), [custom_scalars_value(_layout(overlays, bands))])
 
 
-def _layout_summary(overlays: set[str], bands: set[str]) -> summary_pb2.Summary:
-    layout: dict[str, dict[str, list]] = {}
+def _layout(overlays: set[str], bands: set[str]) -> layout_pb2.Layout:
+    categories = []
     for tag in AGGREGATED:
-        charts: dict[str, list] = {}
+        charts = []
         if tag in overlays:
-            charts[f"{tag} ({OVERLAY})"] = ["Multiline", [f"^{re.escape(tag)}$"]]
+            lines = layout_pb2.MultilineChartContent(tag=[f"^{re.escape(tag)}$"])
+            charts.append(layout_pb2.Chart(title=f"{tag} ({OVERLAY})", multiline=lines))
         if tag in bands:
-            charts[f"{tag} ({BAND})"] = ["Margin", [f"{tag}/mean", f"{tag}/min", f"{tag}/max"]]
+            band = layout_pb2.MarginChartContent.Series(value=f"{tag}/mean", lower=f"{tag}/min", upper=f"{tag}/max")
+            charts.append(layout_pb2.Chart(title=f"{tag} ({BAND})", margin=layout_pb2.MarginChartContent(series=[band])))
         if charts:
-            layout[tag] = charts
-    return custom_scalars(layout)
+            categories.append(layout_pb2.Category(title=tag, chart=charts))
+    return layout_pb2.Layout(category=categories)
 
 
 def _charted(run_dir: Path) -> tuple[set[str], set[str]]:

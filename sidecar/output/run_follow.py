@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from tensorboardX.proto import event_pb2
+from tensorboard.compat.proto import event_pb2
 
 from sidecar.output.event_file import event_files
 from sidecar.output.tfrecord import CorruptRecord, iter_records

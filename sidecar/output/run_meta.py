@@ -4,7 +4,7 @@ What a run was (:mod:`parsers.run_config`) is written once per run, and again wh
 (a new job or attempt in the same directory prints its start-up lines again):
 
 - a text event ``config`` (a markdown table) at the first training step of the run's segment;
-- the HParams plugin's session summaries (tensorboardX's ``summary.hparams``): hparams = the
+- the HParams plugin's session summaries (as tensorboardX's ``summary.hparams`` makes them): hparams = the
   flattened settings. No experiment summary: without one TensorBoard builds the experiment from
   every run's session, so the columns are the union of all runs' settings, each marked whether
   it differs between runs, and the metrics are every scalar tag of the runs (the HParams tab
@@ -35,7 +35,8 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tensorboardX.summary import hparams as hparams_summaries
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
 from parsers import tags
 from parsers.records import Record
@@ -170,9 +171,24 @@ class RunMetadata:
             meta.written, meta.card_step = values, step
 
 
-def _hparams_values(values: dict[str, Value]) -> list:
-    _, start, end = hparams_summaries(hparams(values), {})
-    return [*start.value, *end.value]
+def _hparams_values(values: dict[str, Value]) -> list[summary_pb2.Summary.Value]:
+    """The HParams plugin's session start (the settings) and end, without an experiment."""
+    start = plugin_data_pb2.SessionStartInfo()
+    for key, value in hparams(values).items():
+        if isinstance(value, str):
+            start.hparams[key].string_value = value
+        elif isinstance(value, bool):
+            start.hparams[key].bool_value = value
+        else:
+            start.hparams[key].number_value = float(value)
+    end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS)
+    return [_hparams_value("_hparams_/session_start_info", plugin_data_pb2.HParamsPluginData(session_start_info=start)),
+            _hparams_value("_hparams_/session_end_info", plugin_data_pb2.HParamsPluginData(session_end_info=end))]
+
+
+def _hparams_value(tag: str, data: plugin_data_pb2.HParamsPluginData) -> summary_pb2.Summary.Value:
+    plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="hparams", content=data.SerializeToString())
+    return summary_pb2.Summary.Value(tag=tag, metadata=summary_pb2.SummaryMetadata(plugin_data=plugin))
 
 
 def _load(run_dir: Path) -> dict:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tensorboardX.proto import event_pb2, summary_pb2
-from tensorboardX.proto.plugin_text_pb2 import TextPluginData
-from tensorboardX.proto.tensor_pb2 import TensorProto
-from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
+from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
 
 from parsers.records import Record
 from sidecar.analysis.sequencer import Identity
@@ -42,6 +43,7 @@ class RunWriter:
         self.run_dir = run_dir
         self.max_file_bytes = max_file_bytes  # --max-event-file-mb: a new file once one holds this much
         self.view = scan_run(run_dir, since) if run_dir.exists() else RunView()
+        self._top = self.max_step  # the highest step of any tag (watermarks only grow between resumes)
         self._file: EventFileWriter | None = None
         self._start_step: int | None = None
         self.points_written = 0
@@ -58,7 +60,10 @@ class RunWriter:
         if record.texts:
             return self.write_values(record.step, wall_time, _values(record))
         step, marks = record.step, self.view.watermarks
-        fresh = {tag: value for tag, value in record.scalars.items() if marks.get(tag, -1) < step}
+        if step > self._top:  # past every tag: all of it is new
+            fresh = record.scalars
+        else:
+            fresh = {tag: value for tag, value in record.scalars.items() if marks.get(tag, -1) < step}
         if fresh:
             self._ensure_file(wall_time).write_encoded(scalar_event.encode(step, wall_time, fresh))
             self._mark(fresh, step)
@@ -81,6 +86,7 @@ class RunWriter:
         for tag in tags:
             marks[tag] = step
         self.points_written += len(tags)
+        self._top = max(self._top, step)
 
     def holds(self, key: Identity) -> bool:
         """Does the run hold a point with this identity? (Reads the whole run: rarely asked.)"""
@@ -92,6 +98,7 @@ class RunWriter:
         self.close()
         self._start_step = step
         self.view.watermarks = {tag: min(s, step - 1) for tag, s in self.view.watermarks.items()}
+        self._top = self.max_step
         self.write(Record(step, wall_time, texts={RESUME_TAG: note}))
 
     def flush(self) -> None:
@@ -162,6 +169,19 @@ def text_value(tag: str, text: str) -> summary_pb2.Summary.Value:
     tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")],
                          tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
     return summary_pb2.Summary.Value(tag=tag, metadata=_TEXT_METADATA, tensor=tensor)
+
+
+CUSTOM_SCALARS_TAG = "custom_scalars__config__"  # the tag TensorBoard's custom_scalars plugin reads
+_CUSTOM_SCALARS_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="custom_scalars")
+)
+
+
+def custom_scalars_value(layout: layout_pb2.Layout) -> summary_pb2.Summary.Value:
+    """A layout for the Custom Scalars tab, as TensorBoard's plugin reads it (and tensorboardX's
+    ``custom_scalars()`` writes it: a string tensor of the serialized layout)."""
+    tensor = TensorProto(dtype="DT_STRING", string_val=[layout.SerializeToString()], tensor_shape=TensorShapeProto())
+    return summary_pb2.Summary.Value(tag=CUSTOM_SCALARS_TAG, metadata=_CUSTOM_SCALARS_METADATA, tensor=tensor)
 
 
 def _values(record: Record) -> list[summary_pb2.Summary.Value]:

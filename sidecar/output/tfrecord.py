@@ -4,8 +4,8 @@ TensorBoard event files and MindSpore ``_MS`` summary files share this framing::
 
     u64 LE length | u32 LE masked_crc32c(length) | payload | u32 LE masked_crc32c(payload)
 
-Writing uses tensorboardX's masked CRC (hardware ``crc32c`` when installed) but packs
-the length little-endian explicitly, unlike tensorboardX's native-order ``struct.pack('Q')``.
+The CRC is the ``crc32c`` package's (hardware CRC32C), masked as TFRecord does; the length is
+packed little-endian explicitly, unlike tensorboardX's native-order ``struct.pack('Q')``.
 Reading is incremental: a record that is not complete yet is *not an error*, because the
 file we read may still be growing; the caller simply retries later from the same offset.
 """
@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
-from tensorboardX.record_writer import masked_crc32c
+from crc32c import crc32c
 
 _LEN = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -24,6 +24,12 @@ HEADER_BYTES = 12
 FOOTER_BYTES = 4
 # A record larger than this is treated as corruption, not as a record to wait for.
 MAX_RECORD_BYTES = 256 * 1024 * 1024
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC32C: rotated right by 15 bits plus a constant."""
+    crc = crc32c(data)
+    return ((crc >> 15 | crc << 17) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def frame(payload: bytes) -> bytes:

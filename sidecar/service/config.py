@@ -70,6 +70,7 @@ class SidecarConfig(BaseModel):
     job: str | None = None
     # replay
     progress: bool = True
+    jobs: int | None = Field(None, ge=1, description="replay: processes to read ranks in (default: the usable cores)")
     fail_on: list[Group] = []
 
     @field_validator("loss_ranks", mode="before")

@@ -66,6 +66,7 @@ RESCAN_RECONCILE = 60.0  # with file events: full rescans between tree-change ev
 POLL_IDLE_MAX = 4.0  # polling: the longest wait once nothing has been read for a while
 FILE_IDLE_MAX = 2.0  # polling: the longest wait between looks at a quiet file (under the above: due at each wake)
 RESCAN_IDLE_MAX = 30.0  # polling: the longest time between rescans once nothing has been read for a while
+NOTIFY_STATUS_EVERY = 1.0  # systemd STATUS= at most this often (it changes with every step)
 
 
 class MetricsUnavailable(Exception):
@@ -183,10 +184,11 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
     ping = notifier.watchdog_interval or RECONCILE_INTERVAL
     idle_wait = min(RECONCILE_INTERVAL, ping)
     rescan_every = max(RESCAN_RECONCILE, config.rescan_interval)
-    next_scan = next_checkpoint = time.monotonic()
+    next_scan = next_checkpoint = next_notify = time.monotonic()
     next_status = next_scan + config.status_interval if config.status_interval else float("inf")
     decisions = Decisions(config.from_end)
     dirty = False
+    stale = True  # systemd's STATUS= does not show the latest step yet
     quiet, last_read = 0, time.monotonic()  # rounds since the loop went quiet, and when it was not
     while not signals.stop:
         now = time.monotonic()
@@ -220,19 +222,26 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
             engine.checkpoint()
             dirty = False
             next_checkpoint = now + config.checkpoint_interval
-        status = status_line(engine, waiting.missing)
-        notifier.status(status)
-        if signals.report or now >= next_status:
-            signals.report = False
-            log.info("status: %s", status)
-            next_status = now + config.status_interval if config.status_interval else float("inf")
-        notifier.healthy()
         # With file events, a round that read all there was waits for the next event (already
         # queued if the writers went on meanwhile) instead of looking again at once.
-        if read == 0 or wake.events and not any(source.active for source in engine.sources.values()):
+        idle = read == 0 or wake.events and not any(source.active for source in engine.sources.values())
+        stale = stale or read > 0
+        report = signals.report or now >= next_status
+        if report or notifier.enabled and stale and now >= next_notify:  # built only when it goes somewhere
+            status = status_line(engine, waiting.missing)
+            notifier.status(status)
+            stale, next_notify = False, now + NOTIFY_STATUS_EVERY
+            if report:
+                signals.report = False
+                log.info("status: %s", status)
+                next_status = now + config.status_interval if config.status_interval else float("inf")
+        notifier.healthy()
+        if idle:
             wait = min(idle_wait, config.companion_wait) if holding else idle_wait
             stall = engine.alerts.next_check(now)  # a stall alert is due by then
             wait = wait if stall is None else min(wait, stall + 0.05)
+            if notifier.enabled and stale:
+                wait = min(wait, next_notify - now)  # systemd's status is brought up to date once quiet
             wake.wait(max(0.0, min(wait, next_status - now)))
 
 

@@ -20,6 +20,7 @@ from sidecar.output.event_file import OutputLost
 from sidecar.output.state import StateStore
 from sidecar.service.alert_command import AlertCommand
 from sidecar.service.config import SidecarConfig
+from sidecar.service import replay_workers
 from sidecar.service.report import summary
 
 log = logging.getLogger(__name__)
@@ -67,11 +68,26 @@ def _progress(total: int, show: bool) -> Any:
     return tqdm(total=total, unit="B", unit_scale=True, desc="replay")
 
 
+def _replay_here(engine: Engine, bar: Any) -> None:
+    """Every file in this process, checkpointing as it goes."""
+    last_checkpoint = time.monotonic()
+    while True:
+        n = engine.pump(READ_BUDGET, time.monotonic())
+        bar.update(n)
+        if n == 0:
+            break
+        if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY:
+            engine.checkpoint()
+            last_checkpoint = time.monotonic()
+    engine.end_of_input()
+
+
 def run_replay(config: SidecarConfig, alert_exit: int) -> int:
     """0, or ``alert_exit`` when an alert that ``--fail-on`` names was raised."""
     started = time.monotonic()
     on_alert = alert_command(config)
-    engine = Engine(settings_from(config, live=False, on_alert=on_alert))
+    settings = settings_from(config, live=False, on_alert=on_alert)
+    engine = Engine(settings)
     try:
         engine.scan()
         if not engine.sources and not engine.summaries.files:
@@ -88,17 +104,18 @@ def run_replay(config: SidecarConfig, alert_exit: int) -> int:
             return 0
         total = sum(s.tail.stat().st_size - s.tail.offset for s in engine.sources.values())
         show = config.progress and not config.quiet and sys.stderr.isatty()
+        groups = replay_workers.shares(engine, config.jobs, config.every)
         with _progress(total, show) as bar:
-            last_checkpoint = time.monotonic()
-            while True:
-                n = engine.pump(READ_BUDGET, time.monotonic())
-                bar.update(n)
-                if n == 0:
-                    break
-                if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY:
-                    engine.checkpoint()
-                    last_checkpoint = time.monotonic()
-        engine.end_of_input()
+            if groups is not None:
+                try:
+                    replay_workers.run(engine, groups, READ_BUDGET, bar.update)
+                except replay_workers.WorkersFailed as exc:
+                    log.warning("%s; replaying in one process instead", exc)
+                    engine = Engine(settings)
+                    engine.scan()
+                    groups = None
+            if groups is None:
+                _replay_here(engine, bar)
         engine.checkpoint()
     except OutputLost as lost:
         StateStore(config.out, config.instance).forget()
@@ -108,7 +125,7 @@ def run_replay(config: SidecarConfig, alert_exit: int) -> int:
         engine.close()
         if on_alert is not None:
             on_alert.close(ALERT_DRAIN)
-    if not engine.ranks and not engine.summaries.events and engine.lines_read:
+    if not engine.stats and not engine.summaries.events and engine.lines_read:
         files = sorted(str(s.tail.path) for s in engine.sources.values() if s.tail.offset)
         log.warning("no mindformers step record was recognised in the %d line(s) read from %s; is it a "
                     "mindformers training log? 'mstb-sidecar check PATH' shows what each file was taken for",

@@ -31,12 +31,11 @@ COLUMNS = ("steps = step records written; first, last = global steps; tags = tag
 
 
 def summary(engine: Engine, seconds: float) -> str:
-    sources = list(engine.sources.values())
     lines = [
-        f"read {len(sources)} file(s), {engine.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
+        f"read {len(engine.sources) + engine.files_elsewhere} file(s), {engine.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
         f"-> {engine.settings.out}"
     ]
-    if not engine.ranks and not engine.summaries.events:
+    if not engine.stats and not engine.summaries.events:
         lines.append("nothing new since the last run")
         return "\n".join(lines)
     lines += _table(engine)
@@ -66,8 +65,7 @@ def summary(engine: Engine, seconds: float) -> str:
 
 def _table(engine: Engine) -> list[str]:
     rows = [HEADER]
-    for rank_id in sorted(engine.ranks):
-        stats = engine.ranks[rank_id].stats
+    for rank_id, stats in sorted(engine.stats.items()):
         dropped = engine.accounting.of_rank(rank_id)
         rows.append((
             str(rank_id),
@@ -89,9 +87,9 @@ def _table(engine: Engine) -> list[str]:
 def _groups(engine: Engine) -> list[str]:
     """``ranks 0-7: r0.7+ graph trainer; tags: loss, ...``, once per distinct (format, tags)."""
     groups: dict[tuple[str, str], list[int]] = {}
-    for rank_id, rank in sorted(engine.ranks.items()):
-        formats = ", ".join(sorted(f.value for f in rank.stats.families)) or "no step records"
-        groups.setdefault((formats, _tag_list(rank.stats.tags)), []).append(rank_id)
+    for rank_id, stats in sorted(engine.stats.items()):
+        formats = ", ".join(sorted(f.value for f in stats.families)) or "no step records"
+        groups.setdefault((formats, _tag_list(stats.tags)), []).append(rank_id)
     lines: list[str] = []
     for (formats, tag_list), ranks in groups.items():
         lines += _wrap(f"{_who(ranks)}: {formats}; tags: {tag_list or '-'}")
@@ -119,9 +117,9 @@ def _tag_list(written: set[str]) -> str:
 def _resumes(engine: Engine) -> list[str]:
     """``training resumed: rank 0 once; ranks 2-3 twice each``: counted per rank."""
     by_count: dict[int, list[int]] = {}
-    for rank_id, rank in sorted(engine.ranks.items()):
-        if rank.stats.resumes:
-            by_count.setdefault(rank.stats.resumes, []).append(rank_id)
+    for rank_id, stats in sorted(engine.stats.items()):
+        if stats.resumes:
+            by_count.setdefault(stats.resumes, []).append(rank_id)
     if not by_count:
         return []
     parts = []

@@ -1,0 +1,334 @@
+"""Replay on several cores: ranks split across forked workers, the aggregate kept in one place.
+
+Contract: the runs, the aggregate and the checkpoint are those a one-process replay writes
+(``tests/test_replay_workers.py`` compares every event of both). Replay is CPU-bound Python, so
+one process uses one core however many ranks there are.
+
+How:
+
+- The parent discovers the files (:meth:`Engine.scan`) and splits the ranks into shares of about
+  equal bytes (all of a rank's files stay together), then forks one worker per share. A worker is
+  the same engine restricted to its share (:meth:`Engine.restrict`): it reads, parses, sequences
+  and writes its ranks' runs and raises their alerts.
+- What needs every rank goes to the parent through a pipe, in batches (:class:`Relay`): each
+  training step for the aggregate, each written loss for the divergence check, each alert for
+  ``--on-alert``, pipeline and world-size notes, the ranks seen, the bytes read.
+- Pace, so memory stays flat however long the logs: each worker keeps its ranks within
+  :data:`~sidecar.engine.LEAD` steps of each other as one engine does (the relay answers the
+  engine's "how far apart" questions from its ranks' progress); while the aggregate holds more
+  than that, the parent reads only the workers whose ranks it waits for, and the others block on
+  their full pipe.
+- End: a worker that read everything releases its held records, reports its ranks' last steps
+  and waits; the parent writes the rest of the aggregate and sends back the furthest step of
+  all ranks, against which each worker judges its ranks behind; then each worker syncs its runs
+  and hands over its part of the checkpoint, its counts and its ranks' figures. The parent saves
+  one checkpoint, as a one-process replay does.
+
+Guard: a line of a rank outside a worker's share (a labelled line in another rank's file) stops
+that worker before it writes anything for that rank (:class:`~sidecar.engine.ForeignRank`); so
+does any other failure of a worker. The parent then stops every worker, deletes the event files
+this replay's processes made (their names carry the pid; nothing else was written yet: no
+checkpoint, no run metadata) and replays in one process from the start, so the result is exactly
+a one-process replay's. An interrupted parallel replay leaves no checkpoint: the next one reads
+everything again and, as after any crash, writes only what the runs do not show yet.
+
+Used when it pays and is safe: ``--jobs`` above 1 (unset: the cores this process may use, and
+only for at least :data:`PARALLEL_FROM` bytes to read), two or more ranks, every file's rank named
+by its path (a combined stream's labels can name any rank), no ``--rank-pattern``, no MindSpore summaries
+(their runs are not a rank's), ``--every 1`` (thinning keeps the steps of alerts, and divergence
+is judged in the parent).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Pipe, wait
+from pathlib import Path
+from typing import Any
+
+from parsers.records import ParallelConfigLine, PipelineLine, Record
+from sidecar.analysis.aggregate import AGGREGATED_TAGS
+from sidecar.analysis.alerts import Alert
+from sidecar.engine import LEAD, Engine, ForeignRank
+from sidecar.output.event_file import OutputLost, made_by
+
+log = logging.getLogger(__name__)
+
+PARALLEL_FROM = 8 << 20  # bytes to read below which forking costs more than it saves
+BATCH = 256  # relayed items per message: small enough to keep ranks in step, large enough to be cheap
+
+Item = tuple[Any, ...]
+
+
+def shares(engine: Engine, jobs: int | None, every: int) -> list[set[int]] | None:
+    """The ranks of each worker, or ``None`` to replay in this process (see the module docstring).
+    ``jobs``: ``--jobs``; unset, the usable cores, and only for inputs of :data:`PARALLEL_FROM`."""
+    wanted = jobs or len(os.sched_getaffinity(0))
+    if wanted < 2 or every != 1 or engine.summaries.files or engine.settings.rank_pattern:
+        return None
+    if not all(source.candidate.ranked for source in engine.sources.values()):
+        return None
+    sizes: dict[int, int] = {}
+    for source in engine.sources.values():
+        rank = source.candidate.rank
+        sizes[rank] = sizes.get(rank, 0) + max(source.tail.stat().st_size - source.tail.offset, 0)
+    if len(sizes) < 2 or jobs is None and sum(sizes.values()) < PARALLEL_FROM:
+        return None
+    groups: list[tuple[int, set[int]]] = [(0, set()) for _ in range(min(wanted, len(sizes)))]
+    for rank, size in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):  # largest first, to the lightest
+        i = min(range(len(groups)), key=lambda g: groups[g][0])
+        groups[i] = (groups[i][0] + size, groups[i][1] | {rank})
+    return [ranks for _, ranks in groups]
+
+
+class Relay:
+    """A worker's stand-in for the aggregate (:class:`~sidecar.engine.CrossRank`): it forwards
+    what needs every rank to the parent and keeps the worker's own ranks in step."""
+
+    def __init__(self, conn: Connection, ranks: set[int]) -> None:
+        self.conn = conn
+        self.expected: set[int] = set(ranks)
+        self._last: dict[int, int] = {}  # rank -> latest training step observed
+        self._items: list[Item] = []
+        self._said_expected = 0
+        self.pumped = False
+
+    # CrossRank: what the engine hands the aggregate
+    def observe(self, rank: int, record: Record, now: float, resumed: bool = False) -> None:
+        self._last[rank] = record.step
+        scalars = {tag: v for tag, v in record.scalars.items() if tag in AGGREGATED_TAGS}
+        self._items.append(("o", rank, record.step, record.wall_time, scalars, resumed))
+        if len(self._items) >= BATCH:
+            self.send(0)
+
+    def note_pipeline(self, line: PipelineLine) -> None:
+        self._add(("p", line))
+
+    def note_parallel(self, line: ParallelConfigLine) -> None:
+        self._add(("w", line))
+
+    def pending_steps(self) -> int:
+        """How far apart this worker's ranks are (the aggregate's count of waiting steps, here)."""
+        steps = self._steps()
+        return max(steps) - min(steps) if steps else 0
+
+    def waits_for(self, rank: int) -> bool:
+        steps = self._steps()
+        return bool(steps) and self._last.get(rank, -1) == min(steps)
+
+    def _steps(self) -> Iterable[int]:
+        """Each rank's latest step, -1 before its first (ranks are added to ``expected`` as found)."""
+        if len(self._last) < len(self.expected):
+            for rank in self.expected:
+                self._last.setdefault(rank, -1)
+        return self._last.values()
+
+    def compared_ranks(self) -> set[int]:
+        return self.expected  # every loss goes to the parent, which knows whose loss counts
+
+    # what the worker's alerts hand over
+    def loss(self, rank: int, step: int, loss: float, wall: float | None, ranks: set[int] | None) -> None:
+        self._items.append(("l", rank, step, loss, wall))  # (no batch check: an "o" item comes first)
+
+    def alert(self, alert: Alert) -> None:
+        self._add(("a", alert))
+
+    def _add(self, item: Item) -> None:
+        self._items.append(item)
+        if len(self._items) >= BATCH:
+            self.send(0)
+
+    def send(self, read: int) -> None:
+        """Hand over what was gathered, with ``read`` more bytes done."""
+        expected = None
+        if len(self.expected) != self._said_expected:
+            expected, self._said_expected = set(self.expected), len(self.expected)
+        self.conn.send(("batch", self._items, expected, read, self.pumped))
+        self._items = []
+
+
+@dataclass
+class _Worker:
+    pid: int
+    conn: Connection
+    ranks: set[int]
+    exited: int  # a pidfd: readable once the worker is gone
+    pumped: bool = False
+    done: bool = False
+    last_steps: dict[int, int] | None = None
+
+
+class WorkersFailed(Exception):
+    """A worker met a rank outside its share, failed or was killed: replay in one process instead."""
+
+
+def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[[int], None]) -> None:
+    """Replay every file with one worker per share of ``groups``; ``engine`` gets what they did.
+    Raises :class:`WorkersFailed` with the output as it was before (see the module docstring)."""
+    workers: list[_Worker] = []
+    started = time.time()
+    try:
+        for ranks in groups:
+            parent_end, child_end = Pipe()
+            pid = os.fork()
+            if pid == 0:
+                for fd in [parent_end.fileno()] + [w.conn.fileno() for w in workers] + [w.exited for w in workers]:
+                    os.close(fd)  # only the parent talks to the other workers
+                _child(engine, ranks, child_end, budget)  # never returns
+            child_end.close()
+            workers.append(_Worker(pid, parent_end, ranks, os.pidfd_open(pid)))
+        engine.hand_over()
+        _collect(engine, workers, progress)
+    except WorkersFailed:
+        for worker in workers:
+            _stop(worker)
+        engine.abandon()
+        _undo(engine.settings.out, [os.getpid(), *(w.pid for w in workers)], started)
+        raise
+    except BaseException:
+        for worker in workers:
+            _stop(worker)
+        raise
+    finally:
+        for worker in workers:
+            os.close(worker.exited)
+    for worker in workers:
+        os.waitpid(worker.pid, 0)
+
+
+def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], None]) -> None:
+    aggregator, alerts = engine.aggregator, engine.alerts
+    relay_sinks = engine.settings.alert_sinks
+    while not all(w.done for w in workers):
+        busy = [w for w in workers if not w.done]
+        ready = wait([w.conn for w in _readable(engine, busy)] + [w.exited for w in busy])
+        for worker in busy:
+            if worker.exited in ready and worker.conn not in ready:
+                _receive(worker)  # a worker that failed or was killed while another was read
+            if worker.conn not in ready:
+                continue
+            message = _receive(worker)
+            if message[0] == "done":
+                worker.done, worker.last_steps = True, message[1]
+                continue
+            _, items, expected, read, pumped = message
+            progress(read)
+            worker.pumped = worker.pumped or pumped
+            if aggregator is not None and expected:
+                aggregator.expected |= expected
+            for item in items:
+                kind = item[0]
+                if kind == "o":
+                    if aggregator is not None:
+                        aggregator.observe_step(*item[1:5], 0.0, item[5])
+                elif kind == "l":
+                    compared = aggregator.compared_ranks() if aggregator is not None else set()
+                    if item[1] in compared:
+                        alerts.note_loss(*item[1:], compared)
+                elif kind == "a":
+                    for sink in relay_sinks:
+                        sink(item[1])
+                elif aggregator is not None:
+                    (aggregator.note_pipeline if kind == "p" else aggregator.note_parallel)(item[1])
+            if aggregator is not None and all(w.pumped for w in workers):
+                aggregator.ready = True
+                aggregator.flush_due(0.0)
+    engine.finish()
+    lasts = [step for w in workers for step in (w.last_steps or {}).values()]
+    front = max(lasts) if len(lasts) >= 2 else None
+    for worker in workers:
+        worker.conn.send(front)
+    for worker in workers:
+        _, part, stats, accounting, counts, groups, read, lines = _receive(worker)
+        engine.adopt(part, stats, accounting)
+        engine.alerts.counts.update(counts)
+        engine.alerts.groups.update(groups)
+        engine.bytes_read += read
+        engine.lines_read += lines
+
+
+def _readable(engine: Engine, busy: list[_Worker]) -> list[_Worker]:
+    """The workers to read next: while the aggregate holds more than LEAD steps, only those with
+    a rank it waits for (unless none of them has anything more to say)."""
+    aggregator = engine.aggregator
+    if aggregator is not None and aggregator.pending_steps() > LEAD:
+        waited = aggregator.waiting_for()
+        chosen = [w for w in busy if w.ranks & waited]
+        if chosen:
+            return chosen
+    return busy
+
+
+def _receive(worker: _Worker) -> tuple[Any, ...]:
+    try:
+        message = worker.conn.recv()
+    except (EOFError, OSError):
+        raise WorkersFailed(f"replay worker {worker.pid} ended without a word (killed?)") from None
+    if message[0] == "failed":
+        raise message[1]
+    return message
+
+
+def _undo(out: Path, pids: list[int], since: float) -> None:
+    """Delete the event files ``pids`` made under ``out`` since ``since`` (symbolic links not followed)."""
+    for top, _, names in os.walk(out):
+        for name in names:
+            if made_by(name, pids, since):
+                os.unlink(os.path.join(top, name))
+
+
+def _stop(worker: _Worker) -> None:
+    try:
+        os.kill(worker.pid, signal.SIGKILL)
+        os.waitpid(worker.pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _child(engine: Engine, ranks: set[int], conn: Connection, budget: int) -> None:
+    """A worker: its share of the replay, then its part of the result (see the module docstring)."""
+    status = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it too
+        relay = Relay(conn, ranks)
+        engine.restrict(ranks, relay)
+        engine.alerts.loss_sink = relay.loss
+        engine.alerts.sinks = [s for s in engine.alerts.sinks if s not in engine.settings.alert_sinks]
+        engine.alerts.sinks.append(relay.alert)  # --on-alert runs in the parent
+        while True:
+            before = engine.bytes_read
+            n = engine.pump(budget, time.monotonic())
+            relay.pumped = True
+            relay.send(engine.bytes_read - before)
+            if n == 0:
+                break
+        engine.drain()
+        relay.send(0)
+        conn.send(("done", {r: s.last_step for r, s in engine.stats.items() if s.last_step is not None}))
+        engine.finish(conn.recv())
+        part = engine.state()
+        engine.close()
+        a = engine.alerts
+        conn.send(("final", part, engine.stats, engine.accounting, a.counts, a.groups,
+                   engine.bytes_read, engine.lines_read))
+    except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent must hear it
+        status = 1
+        try:
+            conn.send(("failed", exc if isinstance(exc, OutputLost) else WorkersFailed(_say(exc))))
+        except Exception:  # noqa: BLE001 - the parent is gone: nothing to tell
+            pass
+    finally:
+        os._exit(status)
+
+
+def _say(exc: BaseException) -> str:
+    if isinstance(exc, ForeignRank):
+        return f"a line of rank {exc.args[0]} is in a file of another rank"
+    return f"a replay worker failed: {exc!r}"
+
+

@@ -1,0 +1,160 @@
+"""Replay in worker processes (``--jobs``, :mod:`sidecar.service.replay_workers`) writes exactly what
+one process writes: every event of every run (read back with TensorBoard's ``EventAccumulator``),
+the alerts and their ``--on-alert`` JSON, the summary, the exit status and the checkpoint, so that
+a second replay adds nothing. Wall times that come from the clock (the layout, an alert judged at
+the end) are the only thing allowed to differ.
+
+The tree is built to make the workers disagree if anything is shared wrongly: four ranks of
+different lengths and clocks, a rotation and a training resume on one rank, a clock stepped back
+an hour on another, a NaN and a loss spike, losses that diverge across ranks, plain lines between
+the steps, and, for the fallback, a line of one rank labelled inside another rank's file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from live_helpers import BIN, RankLog
+from tb_read import all_events, same_float32
+
+def _loss(rank: int, nan_at: int | None = None, spike_at: int | None = None) -> Callable[[int], float]:
+    def loss(step: int) -> float:
+        if step == nan_at:
+            return math.nan
+        if step == spike_at:
+            return 50.0 + rank
+        return 2.0 + rank + 1.0 / step  # ranks apart: a divergence alert
+    return loss
+
+
+def build(base: Path, labelled: bool = False) -> list[RankLog]:
+    """``base/output/log/rank_{0..3}/info.log`` (see the module docstring); the logs know what
+    TensorBoard should show (:attr:`RankLog.expected`)."""
+    logs = base / "output" / "log"
+    ranks = [RankLog(logs / f"rank_{r}" / "info.log", r) for r in range(4)]
+    for log in ranks:
+        loss = _loss(log.rank, nan_at=120 if log.rank == 2 else None, spike_at=160 if log.rank == 1 else None)
+        log.loss_of = lambda step, loss=loss, log=log: loss(step) + 0.25 * log.segment  # a resume changes it
+    noise = b"[INFO] 2026-11-29 10:00:00,000 [mindformers/dataset/dataloader.py:211] __getitem__: fetched a batch\n"
+    for step in range(1, 301):
+        for log in ranks:
+            if log.rank == 3 and step > 250:
+                continue  # rank 3 stops early: the aggregate's last steps are written without it
+            if log.rank == 0 and step == 150:
+                log.rotate()
+            if log.rank == 0 and step == 250:
+                log.go_back(200)  # a checkpoint reload: steps 200-249 are written again, newer
+            if log.rank == 1 and step == 100:
+                log.jump_clock(timedelta(hours=-1))
+            log.step()
+            log.write(noise)
+    if labelled:  # an msrun-style line of rank 1 in rank 0's file
+        ranks[0].write(f"[1,1]<stdout>:{ranks[1].record(301).decode()}".encode())
+    for log in ranks:
+        log.close()
+    return ranks
+
+
+def replay(tree: Path, out: Path, jobs: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    alerts = out.with_name(out.name + ".alerts")
+    return subprocess.run([str(BIN), "replay", str(tree), "--out", str(out), "--jobs", str(jobs), "--no-progress",
+                           "--on-alert", f"tee -a {alerts}", *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def checkpoint(out: Path) -> tuple[set[tuple[str, int]], dict[str, dict[str, int]], dict]:
+    """What the state file says: file offsets, each run's watermarks, the aggregate's waiting state."""
+    (path,) = (out / ".mstb-sidecar").glob("state-*.json")
+    state = json.loads(path.read_text())
+    return ({(f["path"], f["offset"]) for f in state["files"]},
+            {key: run["watermarks"] for key, run in state["runs"].items()},
+            state["aggregate"])
+
+
+def summary(result: subprocess.CompletedProcess[str], out: Path) -> list[str]:
+    """The printed summary but its first line ("in N s" differs), ``--out`` as OUT."""
+    return [line.replace(str(out), "OUT") for line in result.stdout.splitlines()[1:]]
+
+
+def alert_lines(out: Path) -> list[str]:
+    """The ``--on-alert`` JSON objects (one per command run, appended by ``tee``), in a fixed order."""
+    text, found, decoder = out.with_name(out.name + ".alerts").read_text(), [], json.JSONDecoder()
+    while text.strip():
+        alert, end = decoder.raw_decode(text.strip())
+        found.append(json.dumps(alert, sort_keys=True))
+        text = text.strip()[end:]
+    return sorted(found)
+
+
+def test_workers_write_what_one_process_writes(tmp_path: Path) -> None:
+    build(tmp_path / "logs")
+    tree = tmp_path / "logs" / "output"
+    started = time.time()
+    one = replay(tree, tmp_path / "one", 1, "--fail-on", "nan")
+    runs = {jobs: replay(tree, tmp_path / f"jobs{jobs}", jobs, "--fail-on", "nan") for jobs in (2, 3)}
+    clock = (started, time.time())
+    assert one.returncode == 5, one.stderr  # --fail-on nan: rank 2's NaN
+    want = all_events(tmp_path / "one", clock)
+    assert {"rank_0", "rank_1", "rank_2", "rank_3"} <= want.keys() and any(r.startswith("aggregate/") for r in want)
+    assert any(tag == "alerts/divergence" for run in want.values() for tag, *_ in run)
+    alerts = alert_lines(tmp_path / "one")
+    assert any('"nan-loss"' in a for a in alerts) and any('"loss-spike"' in a for a in alerts), alerts
+    for jobs, result in runs.items():
+        out = tmp_path / f"jobs{jobs}"
+        assert result.returncode == 5, result.stderr
+        assert "replaying in one process" not in result.stderr
+        assert all_events(out, clock) == want, f"--jobs {jobs}"
+        assert summary(result, out) == summary(one, tmp_path / "one")
+        assert alert_lines(out) == alerts
+        assert checkpoint(out) == checkpoint(tmp_path / "one")
+
+
+def test_a_second_parallel_replay_adds_nothing(tmp_path: Path) -> None:
+    build(tmp_path / "logs")
+    tree = tmp_path / "logs" / "output"
+    out = tmp_path / "out"
+    assert replay(tree, out, 2).returncode == 0
+    sizes = {p: p.stat().st_size for p in out.rglob("*tfevents*")}
+    again = replay(tree, out, 2)
+    assert again.returncode == 0, again.stderr
+    assert "nothing new since the last run" in again.stdout
+    assert {p: p.stat().st_size for p in out.rglob("*tfevents*")} == sizes
+
+
+def test_a_line_of_a_rank_in_another_ranks_file_makes_it_one_process(tmp_path: Path) -> None:
+    """A worker must not write a rank another worker owns: it stops before, and the replay starts
+    over in one process, with the same result as if it had from the start."""
+    build(tmp_path / "logs", labelled=True)
+    tree = tmp_path / "logs" / "output"
+    started = time.time()
+    one = replay(tree, tmp_path / "one", 1)
+    two = replay(tree, tmp_path / "two", 2)
+    clock = (started, time.time())
+    assert two.returncode == 0, two.stderr
+    assert "a line of rank 1 is in a file of another rank; replaying in one process instead" in two.stderr
+    assert all_events(tmp_path / "two", clock) == all_events(tmp_path / "one", clock)
+    assert summary(two, tmp_path / "two") == summary(one, tmp_path / "one")
+    assert checkpoint(tmp_path / "two") == checkpoint(tmp_path / "one")
+
+
+def test_every_rank_shows_what_its_log_says(tmp_path: Path) -> None:
+    """Not just what one process writes: right. Rank 0 shows steps 1-250 once, the resumed values
+    from step 200 on; rank 3 ends at 250; rank 2's NaN is there."""
+    logs = build(tmp_path / "logs")
+    out = tmp_path / "out"
+    assert replay(tmp_path / "logs" / "output", out, 2).returncode == 0
+    for log in logs:
+        acc = EventAccumulator(str(out / f"rank_{log.rank}"), size_guidance={"scalars": 0})
+        acc.Reload()
+        shown = {e.step: e.value for e in acc.Scalars("loss")}
+        assert sorted(shown) == sorted(log.expected), log.rank
+        assert all(same_float32(shown[s], float(f"{v:f}")) for s, v in log.expected.items()), log.rank  # as printed
+    assert sorted(logs[0].expected) == list(range(1, 251)) and max(logs[3].expected) == 250

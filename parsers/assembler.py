@@ -63,7 +63,7 @@ class StreamAssembler:
         self._r0_epoch_end: bool | None = None  # does this stream print epoch-end lines?
         self._exp_epoch = -1
         self._exp_offset = 0
-        self._malformed = 0
+        self.malformed = 0  # step lines dropped and not yet taken (take_malformed)
 
     @property
     def pending_offset(self) -> int | None:
@@ -79,7 +79,7 @@ class StreamAssembler:
         """Step lines dropped since the last call because the global step they continue to does
         not fit int64 (only the experimental trainer's running count can get there; the line
         parsers reject every other such step). The caller counts them as malformed."""
-        count, self._malformed = self._malformed, 0
+        count, self.malformed = self.malformed, 0
         return count
 
     def snapshot(self) -> dict[str, int]:
@@ -152,7 +152,7 @@ class StreamAssembler:
         self.family = line.family
         step = self._global_step(line)
         if not fits_int64(step):
-            self._malformed += 1
+            self.malformed += 1
             return []
         self.last_step = step
         record = Record(

@@ -34,7 +34,7 @@ _OTHER = r"[^,\[\]()]*"
 _KEY = re.compile(r"[^,:\[\]()]+")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Fields:
     """What :mod:`parsers.step_lines` takes from a tail: the metric values by tag, in order, whether
     the step overflowed (the last of the boolean keys decides), and whether it has ``overflow cond``."""

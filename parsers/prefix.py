@@ -28,7 +28,7 @@ FOREIGN_PREFIX = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per line read, and a frozen __init__ costs twice as much
 class Message:
     """One line with its prefix removed. ``foreign`` lines are not mindformers' own."""
 

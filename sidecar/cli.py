@@ -95,7 +95,7 @@ def _watch_parser() -> argparse.ArgumentParser:
                         help="poll only, no inotify (automatic on NFS and other network filesystems)")
     parser.add_argument("--poll-interval", type=float, help="seconds between file checks (default 0.25)")
     parser.add_argument("--rescan-interval", type=float, help="seconds between looks for new files (default 1)")
-    parser.add_argument("--checkpoint-interval", type=float, help="seconds between offset checkpoints (default 1)")
+    parser.add_argument("--checkpoint-interval", type=float, help="seconds between offset checkpoints (default 5)")
     parser.add_argument("--from-end", action="store_true", default=None,
                         help="skip what files already hold when first seen (default: read from the beginning)")
     parser.add_argument("--aggregate-timeout", type=float,
@@ -168,7 +168,7 @@ def _aggregate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
                         "(default: all, or the last pipeline stage when the logs report pipeline stages)")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between looks at the runs (default 1)")
-    parser.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints (default 1)")
+    parser.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints (default 5)")
     parser.add_argument("--status-interval", type=float, metavar="SECONDS",
                         help="log a status line this often (default 60; 0: never)")
     _logging(parser)

@@ -54,7 +54,7 @@ from parsers.custom_metrics import CustomMatcher, CustomMetric
 from parsers.fast_path import NOT_PLAIN, TIMED, plain
 from parsers.prefix import Message
 from parsers.rank_labels import RankRouter
-from parsers.records import Family, MalformedLine, ParallelConfigLine, PipelineLine, Record
+from parsers.records import Family, MalformedLine, ParallelConfigLine, ParsedLine, PipelineLine, Record
 from sidecar.analysis.accounting import Accounting, Reason
 from sidecar.analysis.aggregate import CrossRankAggregator
 from sidecar.analysis.alerts import Alert, Alerts
@@ -82,6 +82,7 @@ TOTAL_READ = 8 << 20  # bytes read ahead over all files at once (split between t
 MIN_READ = 64 << 10
 _RANK_RUN = re.compile(r"rank_(\d+)")
 CROSS_RANK = (Group.BEHIND, Group.DIVERGENCE)  # alerts that also go to the aggregate run
+_NOTED = {MalformedLine, PipelineLine, ParallelConfigLine}  # parsed lines _note looks at
 
 
 @dataclass
@@ -441,17 +442,20 @@ class Engine:
         return not self._holding_back() or self._waited(source)
 
     def _process(self, source: Source, now: float, unheld: bool) -> int:
-        """Lines of the backlog, while the file may be read (see :meth:`_may_read`). Below LEAD
-        the check is made once per batch: a line adds at most one waiting step."""
+        """Lines of the backlog, while the file may be read (see :meth:`_may_read`), in batches
+        checked once each. At or below LEAD waiting steps a batch may take them to 2·LEAD (a line
+        adds at most one); a file the oldest waiting step waits for takes LEAD lines at a time
+        (it is behind that step, so at most LEAD more wait after them). Batches of a line or two
+        would cost more than the lines."""
         done = 0
         aggregator = self.cross
         while (left := len(source.backlog) - source.next) > 0:
             if unheld or aggregator is None:
                 batch = left
-            elif aggregator.pending_steps() <= LEAD:
-                batch = LEAD + 1 - aggregator.pending_steps()
+            elif (pending := aggregator.pending_steps()) <= LEAD:
+                batch = 2 * LEAD + 1 - pending
             elif self._waited(source):
-                batch = 1
+                batch = LEAD
             else:
                 break
             batch = min(batch, left)
@@ -500,11 +504,18 @@ class Engine:
         parsed, records = stream.feed(body, start, now, source)
         if stream.startup.updates:
             self.meta.note(rank, stream.startup.take())
-        if parsed is None and self.custom is not None and stream.message is not None:
-            self._custom(rank, stream, stream.message)
-        malformed = stream.assembler.take_malformed()
-        if malformed:
-            self.accounting.drop(rank, Reason.MALFORMED, malformed)
+        if parsed is None:
+            if self.custom is not None and stream.message is not None:
+                self._custom(rank, stream, stream.message)
+        elif type(parsed) in _NOTED:
+            self._note(rank, parsed)
+        if stream.assembler.malformed:
+            self.accounting.drop(rank, Reason.MALFORMED, stream.assembler.take_malformed())
+        for record in records:
+            self._deliver(rank, stream, record)
+
+    def _note(self, rank: int, parsed: ParsedLine) -> None:
+        """A line that is not a record but tells the engine something (or is counted)."""
         if isinstance(parsed, (PipelineLine, ParallelConfigLine)):
             self._layouts.setdefault(rank, LayoutNote()).note(parsed)  # not the run: it is named at its first step
         if isinstance(parsed, MalformedLine):
@@ -513,8 +524,6 @@ class Engine:
             self.cross.note_pipeline(parsed)
         elif isinstance(parsed, ParallelConfigLine) and self.cross is not None:
             self.cross.note_parallel(parsed)
-        for record in records:
-            self._deliver(rank, stream, record)
 
     def _custom(self, rank: int, stream: Stream, message: Message) -> None:
         """A line no built-in parser claimed: the ``metrics:`` of the config file."""
@@ -622,7 +631,7 @@ class Engine:
         return entry
 
     def _deliver(self, rank_id: int, stream: Stream, record: Record) -> None:
-        rank = self.rank(rank_id)
+        rank = self.ranks.get(rank_id) or self.rank(rank_id)
         stats = rank.stats
         now = time.monotonic()
         if record.training_step:
@@ -647,7 +656,8 @@ class Engine:
             if record.family is not None:
                 stats.families.add(record.family)
             stats.records += 1
-            stats.first_step = record.step if stats.first_step is None else min(stats.first_step, record.step)
+            if stats.first_step is None or record.step < stats.first_step:
+                stats.first_step = record.step
             stats.last_step = record.step
             self.meta.stepped(rank_id, record, verdict is Verdict.RESUME)
             self.samples.derive(rank_id, record)

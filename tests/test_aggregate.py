@@ -9,7 +9,7 @@ from pathlib import Path
 from parsers.records import ParallelConfigLine, PipelineLine, Record
 from sidecar.analysis.aggregate import CrossRankAggregator
 from sidecar.output.state import State, StateStore
-from tb_read import raw_points, same_float32, scalars, texts
+from tb_read import all_events, raw_points, same_float32, scalars, texts
 
 
 def step(step: int, loss: float | None, ms: float = 500.0, wall: float = 1000.0) -> Record:
@@ -339,3 +339,22 @@ def test_a_logged_world_size_below_the_ranks_seen_is_not_used(tmp_path: Path, ca
     agg = _node(tmp_path / "agg", range(8), [ParallelConfigLine(1)])
     assert agg.valid_loss_ranks() == {4, 5, 6, 7}
     assert any("logged world size 1 is below the ranks seen" in r.getMessage() for r in caplog.records)
+
+
+def test_a_step_is_the_same_whichever_rank_is_read_first(tmp_path: Path) -> None:
+    """Its wall time is its lowest rank's, ties for the slowest rank go to the lower rank, the mean
+    is exact: one engine reading the ranks in any order, or replay workers relaying them, agree."""
+    shown = []
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
+        out = tmp_path / "".join(map(str, order))
+        agg = CrossRankAggregator(out / "agg", timeout=1e9)
+        agg.ready, agg.expected = True, {0, 1, 2}
+        for rank in order:
+            agg.observe(rank, Record(1, 1000.0 + rank, {"loss": [0.1, 0.2, 0.3][rank], "iteration-time": 700.0},
+                                     training_step=True), now=0)
+        agg.close()
+        shown.append(all_events(out))
+    assert shown[0] == shown[1] == shown[2]
+    by_tag = {tag: (value, wall) for tag, _, value, wall in shown[0]["agg"]}
+    assert by_tag["iteration-time/slowest-rank"] == (0.0, 1000.0)  # all three at 700 ms: rank 0
+    assert same_float32(by_tag["loss/mean"][0], (0.1 + 0.2 + 0.3) / 3)

@@ -131,3 +131,17 @@ def test_stall_uses_the_logged_step_time_and_a_floor() -> None:
     replayed.observe(0, step(1), 0.0)
     replayed.check_stalls(1e9)
     assert quiet == []  # a replay knows nothing of waiting
+
+
+def test_divergence_waits_for_every_rank_known_not_just_those_seen() -> None:
+    """Ranks 0 and 1 agree; rank 2, read later, does not. Judged over the ranks seen so far, the
+    first steps would pass; judged over the ranks known, every step diverges, in any read order."""
+    alerts, seen = watch(AlertSettings(divergence={"steps": 5}))
+    known = {0, 1, 2}
+    for n in range(1, 11):
+        alerts.observe(0, step(n, loss=2.0), 0.0, known)
+        alerts.observe(1, step(n, loss=2.0), 0.0, known)
+    assert not [a for a in seen if a.name == "divergence"]
+    for n in range(1, 11):
+        alerts.observe(2, step(n, loss=9.0), 0.0, known)
+    assert names([a for a in seen if a.name == "divergence"]) == [("divergence", None, 5, False)]

@@ -55,7 +55,7 @@ class SidecarConfig(BaseModel):
     poll: bool = False
     poll_interval: float = Field(0.25, gt=0, le=60)
     rescan_interval: float = Field(1.0, gt=0, le=600)
-    checkpoint_interval: float = Field(1.0, gt=0, le=600)
+    checkpoint_interval: float = Field(5.0, gt=0, le=600)  # the fsyncs are a tenth of the live CPU at 1 s
     rotate_quiet: float = Field(5.0, ge=0)
     from_end: bool = False
     drain_timeout: float = Field(5.0, gt=0)

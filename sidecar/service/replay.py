@@ -4,6 +4,8 @@ Replay is the daemon's engine run to the end of the input: the same checkpoint m
 replay of the same logs add nothing, and a replay after the logs grew add only the new steps.
 Output deleted while it runs (:class:`OutputLost` at a checkpoint) ends it with one error line
 and status 1; its checkpoint is dropped, so running it again writes everything that is gone.
+A large replay of several ranks runs in worker processes, one per core
+(:mod:`sidecar.service.replay_workers`), with the same result.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ How:
   the same engine restricted to its share (:meth:`Engine.restrict`): it reads, parses, sequences
   and writes its ranks' runs and raises their alerts.
 - What needs every rank goes to the parent through a pipe, in batches (:class:`Relay`): each
-  training step for the aggregate, each written loss for the divergence check, each alert for
-  ``--on-alert``, pipeline and world-size notes, the ranks seen, the bytes read.
+  training step for the aggregate, marked when its loss was written (the divergence check),
+  each alert for ``--on-alert``, pipeline and world-size notes, the ranks seen, the bytes read.
 - Pace, so memory stays flat however long the logs: each worker keeps its ranks within
   :data:`~sidecar.engine.LEAD` steps of each other as one engine does (the relay answers the
   engine's "how far apart" questions from its ranks' progress); while the aggregate holds more
@@ -34,9 +34,9 @@ everything again and, as after any crash, writes only what the runs do not show 
 
 Used when it pays and is safe: ``--jobs`` above 1 (unset: the cores this process may use, and
 only for at least :data:`PARALLEL_FROM` bytes to read), two or more ranks, every file's rank named
-by its path (a combined stream's labels can name any rank), no ``--rank-pattern``, no MindSpore summaries
-(their runs are not a rank's), ``--every 1`` (thinning keeps the steps of alerts, and divergence
-is judged in the parent).
+by its path (a combined stream's labels can name any rank), no ``--rank-pattern``, no MindSpore
+summaries (their runs are not a rank's), ``--every 1`` (thinning keeps the steps of alerts, and
+divergence is judged in the parent).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from multiprocessing.connection import Connection, Pipe, wait
 from pathlib import Path
 from typing import Any
 
+from parsers import tags
 from parsers.records import ParallelConfigLine, PipelineLine, Record
 from sidecar.analysis.aggregate import AGGREGATED_TAGS
 from sidecar.analysis.alerts import Alert
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 PARALLEL_FROM = 8 << 20  # bytes to read below which forking costs more than it saves
 BATCH = 256  # relayed items per message: small enough to keep ranks in step, large enough to be cheap
 
-Item = tuple[Any, ...]
+Item = tuple[Any, ...] | list[Any]
 
 
 def shares(engine: Engine, jobs: int | None, every: int) -> list[set[int]] | None:
@@ -95,16 +96,18 @@ class Relay:
         self.expected: set[int] = set(ranks)
         self._last: dict[int, int] = {}  # rank -> latest training step observed
         self._items: list[Item] = []
+        self._observed: list[Any] = []  # the item of the record observed last
         self._said_expected = 0
         self.pumped = False
 
     # CrossRank: what the engine hands the aggregate
     def observe(self, rank: int, record: Record, now: float, resumed: bool = False) -> None:
+        if len(self._items) >= BATCH:  # only here: :meth:`loss` may still mark the item it adds
+            self.send(0)
         self._last[rank] = record.step
         scalars = {tag: v for tag, v in record.scalars.items() if tag in AGGREGATED_TAGS}
-        self._items.append(("o", rank, record.step, record.wall_time, scalars, resumed))
-        if len(self._items) >= BATCH:
-            self.send(0)
+        self._observed = ["o", rank, record.step, record.wall_time, scalars, resumed, False]
+        self._items.append(self._observed)
 
     def note_pipeline(self, line: PipelineLine) -> None:
         self._add(("p", line))
@@ -133,15 +136,15 @@ class Relay:
 
     # what the worker's alerts hand over
     def loss(self, rank: int, step: int, loss: float, wall: float | None, ranks: set[int] | None) -> None:
-        self._items.append(("l", rank, step, loss, wall))  # (no batch check: an "o" item comes first)
+        """The record just observed was written with this loss: its item says so (the parent takes
+        the loss from its scalars)."""
+        self._observed[6] = True
 
     def alert(self, alert: Alert) -> None:
         self._add(("a", alert))
 
     def _add(self, item: Item) -> None:
-        self._items.append(item)
-        if len(self._items) >= BATCH:
-            self.send(0)
+        self._items.append(item)  # rare: sent with the next batch
 
     def send(self, read: int) -> None:
         """Hand over what was gathered, with ``read`` more bytes done."""
@@ -224,12 +227,11 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
             for item in items:
                 kind = item[0]
                 if kind == "o":
+                    _, rank, step, wall, scalars, resumed, written = item
                     if aggregator is not None:
-                        aggregator.observe_step(*item[1:5], 0.0, item[5])
-                elif kind == "l":
-                    compared = aggregator.compared_ranks() if aggregator is not None else set()
-                    if item[1] in compared:
-                        alerts.note_loss(*item[1:], compared)
+                        aggregator.observe_step(rank, step, wall, scalars, 0.0, resumed)
+                        if written and rank in (compared := aggregator.compared_ranks()):
+                            alerts.note_loss(rank, step, scalars[tags.LOSS], wall, compared)
                 elif kind == "a":
                     for sink in relay_sinks:
                         sink(item[1])
@@ -243,6 +245,8 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
     front = max(lasts) if len(lasts) >= 2 else None
     for worker in workers:
         worker.conn.send(front)
+    if aggregator is not None:
+        aggregator.writer.sync()  # its fsync while the workers do theirs (the checkpoint's is then free)
     for worker in workers:
         _, part, stats, accounting, counts, groups, read, lines = _receive(worker)
         engine.adopt(part, stats, accounting)

@@ -26,8 +26,9 @@ written or counted under a named reason (:mod:`sidecar.analysis.accounting`). Wh
 Ranks are read so that they reach the cross-rank aggregate together: while more than
 :data:`LEAD` steps wait there for some ranks, only those ranks' files are read (unless they have
 no input left), so ranks whose logs differ in bytes per step, or a rank that went back to a
-checkpoint first, never make the aggregate hold more than that. It holds them by design, not
-by a cap that would write steps without every rank.
+checkpoint first, never make the aggregate hold more than 3·LEAD (the check is made per batch,
+see :meth:`Engine._process`). It holds them by design, not by a cap that would write steps
+without every rank.
 
 Most lines mean nothing (dataset, memory, MindSpore warnings): :mod:`parsers.fast_path` spots
 them, and for a run of them the engine does only what the full path would have done (the

@@ -25,6 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from live_helpers import BIN, RankLog
 from tb_read import all_events, same_float32
 
+
 def _loss(rank: int, nan_at: int | None = None, spike_at: int | None = None) -> Callable[[int], float]:
     def loss(step: int) -> float:
         if step == nan_at:
@@ -56,7 +57,7 @@ def build(base: Path, labelled: bool = False) -> list[RankLog]:
                 log.jump_clock(timedelta(hours=-1))
             log.step()
             log.write(noise)
-    if labelled:  # an msrun-style line of rank 1 in rank 0's file
+    if labelled:  # an OpenMPI-labelled line of rank 1 in rank 0's file
         ranks[0].write(f"[1,1]<stdout>:{ranks[1].record(301).decode()}".encode())
     for log in ranks:
         log.close()

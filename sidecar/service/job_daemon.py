@@ -99,6 +99,7 @@ def _follow(job: JobAggregate, config: SidecarConfig, notifier: Notifier, stop: 
     next_checkpoint = time.monotonic()
     next_status = next_checkpoint + config.status_interval if config.status_interval else float("inf")
     written = job.aggregator.writer.points_written
+    dirty = False
     while not stop.requested:
         now = time.monotonic()
         job.check()
@@ -106,11 +107,13 @@ def _follow(job: JobAggregate, config: SidecarConfig, notifier: Notifier, stop: 
         read = job.pump(now)
         job.flush_due(now)
         job.flush()
-        changed = read > 0 or job.aggregator.writer.points_written != written
+        # what changed since the last checkpoint, not just in this round: a change that came
+        # before the interval was up must not wait for the next one to be checkpointed
+        dirty = dirty or read > 0 or job.aggregator.writer.points_written != written
         written = job.aggregator.writer.points_written
-        if changed and now >= next_checkpoint:
+        if dirty and now >= next_checkpoint:
             job.checkpoint()
-            next_checkpoint = now + config.checkpoint_interval
+            dirty, next_checkpoint = False, now + config.checkpoint_interval
         status = job.status()
         notifier.status(status)
         if now >= next_status:

@@ -198,7 +198,6 @@ class Engine:
         self._looked_for: set[Identity] = set()
         self.ranks: dict[int, Rank] = {}
         self.stats: dict[int, RankStats] = {}  # per rank, also of ranks replay workers wrote
-        self.files_elsewhere = 0  # files replay workers read
         self.accounting = Accounting()
         self.alerts = Alerts(settings.alerts, settings.live)
         self.alerts.sinks += [self._alert_event, *settings.alert_sinks]
@@ -713,12 +712,17 @@ class Engine:
 
     def hand_over(self) -> None:
         """The parent's side of :meth:`restrict`: workers read every file, none is read here."""
-        self.files_elsewhere += len(self.sources)
         for source in self.sources.values():
             source.tail.close()
         self.sources.clear()
         self.chains.clear()
         self._order = None
+
+    def files(self) -> dict[str, int]:
+        """Every file followed, here or by replay workers: path -> offset read to."""
+        found = {f.path: f.offset for part in self.adopted for f in part.files}
+        found.update((str(s.tail.path), s.tail.offset) for s in self.sources.values())
+        return found
 
     def adopt(self, part: State, stats: dict[int, RankStats], accounting: Accounting) -> None:
         """What a worker read and wrote: its checkpoint part (saved with this engine's), its

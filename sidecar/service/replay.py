@@ -128,7 +128,7 @@ def run_replay(config: SidecarConfig, alert_exit: int) -> int:
         if on_alert is not None:
             on_alert.close(ALERT_DRAIN)
     if not engine.stats and not engine.summaries.events and engine.lines_read:
-        files = sorted(str(s.tail.path) for s in engine.sources.values() if s.tail.offset)
+        files = sorted(path for path, offset in engine.files().items() if offset)
         log.warning("no mindformers step record was recognised in the %d line(s) read from %s; is it a "
                     "mindformers training log? 'mstb-sidecar check PATH' shows what each file was taken for",
                     engine.lines_read, ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else ""))

@@ -32,7 +32,7 @@ COLUMNS = ("steps = step records written; first, last = global steps; tags = tag
 
 def summary(engine: Engine, seconds: float) -> str:
     lines = [
-        f"read {len(engine.sources) + engine.files_elsewhere} file(s), {engine.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
+        f"read {len(engine.files())} file(s), {engine.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
         f"-> {engine.settings.out}"
     ]
     if not engine.stats and not engine.summaries.events:

@@ -631,7 +631,7 @@ class Engine:
         return entry
 
     def _deliver(self, rank_id: int, stream: Stream, record: Record) -> None:
-        rank = self.ranks.get(rank_id) or self.rank(rank_id)
+        rank = self.rank(rank_id)
         stats = rank.stats
         now = time.monotonic()
         if record.training_step:

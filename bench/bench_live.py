@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -38,6 +39,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+import tomllib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,13 +60,15 @@ TICK = os.sysconf("SC_CLK_TCK")
 class Contender:
     name: str
     src: Path  # the directory holding sidecar/ and parsers/
+    deps: Path | None = None  # libraries it needs that this venv no longer has (see baseline_deps)
 
     def cmd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "sidecar.cli", *args]
 
     def run_kw(self) -> dict[str, object]:
         """How to start it: ``-m`` puts the working directory first on ``sys.path``, so it is ``src`` too."""
-        return {"env": {**os.environ, "PYTHONPATH": str(self.src)}, "cwd": self.src}
+        path = os.pathsep.join(str(p) for p in (self.src, self.deps) if p is not None)
+        return {"env": {**os.environ, "PYTHONPATH": path}, "cwd": self.src}
 
 
 def baseline_tree(spec: str, into: Path) -> Path | None:
@@ -82,6 +86,25 @@ def baseline_tree(spec: str, into: Path) -> Path | None:
     target = into / "baseline"
     with tarfile.open(archive) as tar:
         tar.extractall(target, filter="data")
+    return target
+
+
+def _requirements(pyproject: Path) -> dict[str, str]:
+    """Project name -> requirement, of a ``pyproject.toml``'s dependencies."""
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    return {re.match(r"[A-Za-z0-9._-]+", req).group().lower(): req for req in deps}
+
+
+def baseline_deps(base: Path, into: Path) -> Path | None:
+    """The dependencies of the baseline that the current project dropped (1fe7bd1 used watchdog),
+    installed with pip into a directory of their own; ``None`` when there are none."""
+    missing = [req for name, req in _requirements(base / "pyproject.toml").items()
+               if name not in _requirements(REPO / "pyproject.toml")]
+    if not missing:
+        return None
+    target = into / "baseline-deps"
+    print(f"installing the baseline's own dependencies into {target}: {', '.join(missing)}", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), *missing], check=True)
     return target
 
 
@@ -397,7 +420,7 @@ def run(a: argparse.Namespace) -> list[tuple[str, ...]]:
         contenders = [Contender("current", REPO)]
         base = baseline_tree(a.baseline, work)
         if base is not None:
-            contenders.append(Contender("baseline", base))
+            contenders.append(Contender("baseline", base, baseline_deps(base, work)))
         print(f"live: {a.ranks} ranks x {a.rate:g} steps/s x {a.seconds:g} s, {a.noise} noise lines/step; "
               f"baseline: {base or 'none'}", flush=True)
         rows = report(measure(contenders, work, a))

@@ -171,12 +171,21 @@ class Run:
     rss_mb: float
 
 
+def child_env(scratch: Path) -> dict[str, str]:
+    """The environment of every contender: bytecode cached (under ``scratch``, warmed by the
+    startup-floor runs), as an installed package has it, even where ``PYTHONDONTWRITEBYTECODE``
+    is set; otherwise each run would compile every module it imports again."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(scratch / "pycache")
+    return env
+
+
 def run_child(cmd: list[str], scratch: Path) -> Run:
     """Wall time, CPU and peak RSS of one subprocess; exits the benchmark if it fails."""
     err = scratch / "stderr.txt"
     with open(err, "wb") as fh:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, env=child_env(scratch))
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)  # wait4 reaped it; tell Popen

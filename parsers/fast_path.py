@@ -68,20 +68,27 @@ _NEEDLE = _any_of({_rare_suffix(needle) for needle in NEEDLES})
 
 
 NOT_PLAIN, TIMED, UNTIMED = 0, 1, 2
+_NOTHING, _UNTIMED, _TIMED = (NOT_PLAIN, None), (UNTIMED, None), (TIMED, None)
 
 
 def plain(line: str) -> int:
     """:data:`NOT_PLAIN`, or a plain line with (:data:`TIMED`) or without (:data:`UNTIMED`) a
     timestamp of its own (see the module docstring)."""
+    return classify(line)[0]
+
+
+def classify(line: str) -> tuple[int, re.Match[str] | None]:
+    """:func:`plain`'s answer and, for a mindformers line that is not plain, its prefix match,
+    which the full path's split takes instead of matching the line again."""
     first = line[:1]
     if first == "[":
         m = FILE_PREFIX.match(line)
         if m is None:
-            return UNTIMED if FOREIGN_PREFIX.match(line) and native_level(line) not in ERROR_LEVELS else NOT_PLAIN
+            return _UNTIMED if FOREIGN_PREFIX.match(line) and native_level(line) not in ERROR_LEVELS else _NOTHING
     elif first.isdigit():
         m = STDOUT_PREFIX.match(line)
         if m is None:
-            return UNTIMED if FOREIGN_PREFIX.match(line) else NOT_PLAIN  # MindIO: no level the parser reads
+            return _UNTIMED if FOREIGN_PREFIX.match(line) else _NOTHING  # MindIO: no level the parser reads
     else:
-        return NOT_PLAIN
-    return NOT_PLAIN if _NEEDLE.search(line, m.start(3)) else TIMED
+        return _NOTHING
+    return (NOT_PLAIN, m) if _NEEDLE.search(line, m.start(3)) else _TIMED

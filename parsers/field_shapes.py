@@ -9,10 +9,12 @@ What a shape accepts, per field, in the order and with the key text of the tail 
 from: a number (``4.2``, ``-1.5e-07``), a number with a unit suffix (``2831ms``, ``193.6T``,
 ``12.5s``) or a one-element array (``[0.91]``) for a metric key; ``True``/``False`` (``[ True]``)
 for ``overflow cond`` / ``finite_grads``; any text without commas or brackets for a key that is
-no metric. For exactly those forms :func:`split_fields` splits where the shape does and
-:func:`parse_number` returns ``float()`` of the digits, so the result is the full parser's.
-Anything else (``N/A``, ``[cur/avg]``, ``NaN``, ``None``, a field more or less, another key) does
-not match, and the caller uses the full parser, which then teaches a shape for the new tail.
+no metric. A number is any run of ``-+.0-9eE`` that ``float()`` takes: one cheap character class
+for the regex, and ``float()`` as the judge (``1.2.3`` makes the whole tail not match). For
+exactly those forms :func:`split_fields` splits where the shape does and :func:`parse_number`
+returns ``float()`` of the same text, so the result is the full parser's. Anything else (``N/A``,
+``[cur/avg]``, ``NaN``, ``None``, a field more or less, another key) does not match, and the
+caller uses the full parser, which then teaches a shape for the new tail.
 
 Shapes are a cache (the last :data:`KEEP` that matched are tried), so results depend on the
 text alone, never on what came before.
@@ -27,9 +29,10 @@ from parsers.tags import KEY_TAGS, tag_for_key
 
 KEEP = 4
 FLAGS = ("overflow cond", "finite_grads")  # booleans, not metrics (see parsers.step_lines)
-_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_METRIC = rf"\s*(?:\[ *({_NUM}) *\]|({_NUM})(?:ms|T|s)?)\s*"
-_BOOL = r"\s*(?:\[ *(True|False) *\]|(True|False))\s*"
+# Two groups per value: an opening bracket, which ``(?(n)...)`` then closes (else a unit may
+# follow), and the value; {n} is the number of the bracket's group.
+_METRIC = r" *(\[ *)?([-+.0-9eE]+)(?({n}) *\]|(?:ms|T|s)?) *"
+_BOOL = r" *(\[ *)?(True|False)(?({n}) *\]) *"
 _OTHER = r"[^,\[\]()]*"
 _KEY = re.compile(r"[^,:\[\]()]+")
 
@@ -47,37 +50,38 @@ class Fields:
 class _Shape:
     def __init__(self, raw_keys: list[str]) -> None:
         parts: list[str] = []
-        self.plan: list[tuple[str, str | None]] = []  # (lower-cased key, tag) per two groups
+        self.tags: list[str] = []
+        self.values: list[int] = []  # the index in ``groups()`` of each metric's value
+        self.flags: list[tuple[int, bool]] = []  # (index, whether "True" means overflowed: not for finite_grads)
         for raw in raw_keys:
             key = raw.strip().lower()
+            bracket = 2 * (len(self.values) + len(self.flags)) + 1  # group number; the value's index is the same
             if key in FLAGS:
-                parts.append(re.escape(raw) + ":" + _BOOL)
-                self.plan.append((key, None))
+                parts.append(re.escape(raw) + ":" + _BOOL.format(n=bracket))
+                self.flags.append((bracket, key == FLAGS[0]))
                 continue
             tag = KEY_TAGS.get(key) or tag_for_key(key)
             if tag is None:
                 parts.append(re.escape(raw) + ":" + _OTHER)
             else:
-                parts.append(re.escape(raw) + ":" + _METRIC)
-                self.plan.append((key, tag))
+                parts.append(re.escape(raw) + ":" + _METRIC.format(n=bracket))
+                self.tags.append(tag)
+                self.values.append(bracket)
         self.regex = re.compile(", ".join(parts))
-        self.overflow_cond = any(key == FLAGS[0] for key, _ in self.plan)
+        self.overflow_cond = any(cond for _, cond in self.flags)
 
     def read(self, tail: str) -> Fields | None:
         m = self.regex.fullmatch(tail)
         if m is None:
             return None
         groups = m.groups()
-        scalars: dict[str, float] = {}
+        try:
+            scalars = dict(zip(self.tags, map(float, map(groups.__getitem__, self.values))))
+        except ValueError:  # characters of a number that make none (``1.2.3``): the full parser's case
+            return None
         overflow = False
-        for i, (key, tag) in enumerate(self.plan):
-            raw = groups[2 * i] or groups[2 * i + 1]
-            if tag is not None:
-                scalars[tag] = float(raw)
-            elif key == FLAGS[0]:
-                overflow = raw == "True"
-            else:
-                overflow = raw == "False"  # finite_grads: False means the step overflowed
+        for group, cond in self.flags:
+            overflow = groups[group] == ("True" if cond else "False")
         return Fields(scalars, overflow, self.overflow_cond)
 
 

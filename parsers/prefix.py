@@ -40,26 +40,33 @@ class Message:
 
 class PrefixSplitter:
     """Strips prefixes; caches the epoch of the last timestamp's minute, since consecutive lines
-    share it (exact: zone offsets change on whole minutes)."""
+    share it (exact: zone offsets change on whole minutes), and the last timestamp whole, since
+    the lines of one step record usually share that too."""
 
-    __slots__ = ("_last_minute", "_last_epoch")
+    __slots__ = ("_last_minute", "_last_epoch", "_last_ts", "_last_time")
 
     def __init__(self) -> None:
         self._last_minute = ""
         self._last_epoch = 0.0
+        self._last_ts = ""
+        self._last_time = 0.0
 
-    def split(self, line: str) -> Message:
+    def split(self, line: str, prefix: re.Match[str] | None = None) -> Message:
+        """``prefix``: :data:`FILE_PREFIX`'s or :data:`STDOUT_PREFIX`'s match on ``line``, where
+        the caller has it already (:func:`parsers.fast_path.classify`)."""
+        if prefix is not None:
+            return self._prefixed(prefix)
         first = line[:1]
         if first == "[":
             m = FILE_PREFIX.match(line)
             if m:
-                return Message(m.group(3), self._timestamp(m.group(2)), m.group(1))
+                return self._prefixed(m)
             if FOREIGN_PREFIX.match(line):
                 return Message(line, None, native_level(line), foreign=True)
         elif first.isdigit():
             m = STDOUT_PREFIX.match(line)
             if m:
-                return Message(m.group(3), self._timestamp(m.group(1)), m.group(2))
+                return self._prefixed(m)
             if FOREIGN_PREFIX.match(line):
                 return Message(line, None, None, foreign=True)
         elif first == "E" and FOREIGN_PREFIX.match(line):
@@ -71,7 +78,14 @@ class PrefixSplitter:
                 return Message(m.group(3), self._timestamp(ts) if ts else None, m.group(2))
         return Message(line)
 
+    def _prefixed(self, m: re.Match[str]) -> Message:
+        if m.re is FILE_PREFIX:
+            return Message(m.group(3), self._timestamp(m.group(2)), m.group(1))
+        return Message(m.group(3), self._timestamp(m.group(1)), m.group(2))
+
     def _timestamp(self, ts: str) -> float:
+        if ts == self._last_ts:
+            return self._last_time
         minute = ts[:16]
         if minute != self._last_minute:
             self._last_epoch = time.mktime(
@@ -79,7 +93,8 @@ class PrefixSplitter:
                  0, 0, 0, -1)
             )
             self._last_minute = minute
-        return self._last_epoch + int(ts[17:19]) + int(ts[20:23]) / 1000.0
+        self._last_ts, self._last_time = ts, self._last_epoch + int(ts[17:19]) + int(ts[20:23]) / 1000.0
+        return self._last_time
 
 
 def native_level(line: str) -> str | None:

@@ -52,7 +52,7 @@ from typing import Protocol
 
 from parsers import tags
 from parsers.custom_metrics import CustomMatcher, CustomMetric
-from parsers.fast_path import NOT_PLAIN, TIMED, plain
+from parsers.fast_path import NOT_PLAIN, TIMED, classify
 from parsers.prefix import Message
 from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, ParsedLine, PipelineLine, Record
@@ -84,6 +84,7 @@ MIN_READ = 64 << 10
 _RANK_RUN = re.compile(r"rank_(\d+)")
 CROSS_RANK = (Group.BEHIND, Group.DIVERGENCE)  # alerts that also go to the aggregate run
 _NOTED = {MalformedLine, PipelineLine, ParallelConfigLine}  # parsed lines _note looks at
+_FULL = (NOT_PLAIN, None)  # a line for the full path, its prefix not matched yet
 
 
 @dataclass
@@ -473,7 +474,7 @@ class Engine:
         timed = None  # the last of them with a timestamp
         for start, raw in source.backlog[begin:end]:
             text = text_of(raw)
-            kind = plain(text) if fast else NOT_PLAIN
+            kind, prefix = classify(text) if fast else _FULL
             if kind:
                 skipped = True
                 if kind == TIMED:
@@ -482,7 +483,7 @@ class Engine:
             if skipped:
                 self._skip(source, timed)
                 skipped, timed = False, None
-            self._line(source, start, text, now)
+            self._line(source, start, text, now, prefix)
         if skipped:
             self._skip(source, timed)
 
@@ -496,12 +497,12 @@ class Engine:
         if self.cross is not None:
             self.cross.expected.add(rank)
 
-    def _line(self, source: Source, start: int, text: str, now: float) -> None:
+    def _line(self, source: Source, start: int, text: str, now: float, prefix: re.Match[str] | None) -> None:
         rank, body = source.router.route(text)
         stream = self._stream(source.chain, rank)
         if self.cross is not None:
             self.cross.expected.add(rank)
-        parsed, records = stream.feed(body, start, now, source)
+        parsed, records = stream.feed(body, start, now, source, prefix if body is text else None)
         if stream.startup.updates:
             self.meta.note(rank, stream.startup.take())
         if parsed is None:

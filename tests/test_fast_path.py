@@ -101,7 +101,8 @@ def test_field_shapes_read_every_bundled_step_line_as_the_full_parser(monkeypatc
 
 
 @pytest.mark.parametrize("loss", ["4.2", "-1.5e-07", "1e400", "[0.5]", "[ 0.5 ]", "7ms", "3.5T", "2s", "N/A (stage)",
-                                  "[4.2/4.3]", "nan", "NaN", "None", "[0.5 0.6]", "[0.5, 0.6]", "2 ms", "1_0", ".5", "5."])
+                                  "[4.2/4.3]", "nan", "NaN", "None", "[0.5 0.6]", "[0.5, 0.6]", "2 ms", "1_0", ".5", "5.",
+                                  "1.2.3", "1e", "-", "+.5E-3", "[ 1e-3 ]", "[0.5", "0.5]", "\t4.2", "4.2\u00a0"])
 @pytest.mark.parametrize("flag", ["False", "True", "[ True]", "[False]", "maybe"])
 def test_field_shapes_take_what_they_can_read_exactly_and_leave_the_rest(
     loss: str, flag: str, monkeypatch: pytest.MonkeyPatch

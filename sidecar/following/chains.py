@@ -19,6 +19,7 @@ newer than everything before it and is ordered last.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +54,10 @@ class Stream:
         self.startup = StartupCollector()  # run configuration lines (:mod:`parsers.run_config`)
         self.message: Message | None = None  # the last line fed, for the custom metrics
 
-    def feed(self, body: str, start: int, now: float, origin: object) -> tuple[ParsedLine | None, list[Record]]:
-        message = self.message = self.prefix.split(body)
+    def feed(self, body: str, start: int, now: float, origin: object,
+             prefix: re.Match[str] | None = None) -> tuple[ParsedLine | None, list[Record]]:
+        """``prefix``: the fast path's match of the line's prefix, if it has one."""
+        message = self.message = self.prefix.split(body, prefix)
         self.startup.feed(message)
         if self._plain is not None:
             if message.timestamp is None:  # the record takes the time of the line before it

@@ -35,7 +35,7 @@ import select
 import time
 from pathlib import Path
 
-from inotify_simple import INotify, flags
+from inotify_simple import INotify, flags, parse_events
 
 from sidecar.following.discovery import linked_dirs
 
@@ -53,6 +53,7 @@ _TREE = flags.MODIFY | flags.CLOSE_WRITE | _STRUCTURE | flags.ONLYDIR | flags.DO
 _ON_THE_WAY = flags.CREATE | flags.DELETE | flags.MOVED_FROM | flags.MOVED_TO | flags.ONLYDIR
 COALESCE = 0.005  # after a write wakes the loop, the rest of its burst (every rank's lines) comes along
 REARM_PASSES = 3  # a root re-created while its ancestor's watch was being set sends no event
+_READ = 1 << 16  # bytes per read of the inotify descriptor (an event is at most 16 + NAME_MAX + 1)
 
 
 def filesystem_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
@@ -137,9 +138,17 @@ class _Inotify:
                 except OSError:
                     pass  # a watch the kernel already dropped (its directory is gone)
 
-    def events(self) -> list[tuple[int, int, str]]:
-        """Every queued (wd, mask, name), without waiting."""
-        return [(e.wd, e.mask, e.name) for e in self._inotify.read(timeout=0)]
+    def events(self) -> list[tuple[int, int, int, str]]:
+        """Every queued (wd, mask, cookie, name), without waiting. Read here, not with
+        ``INotify.read``, which asks the queue's size with an ``ioctl`` first: the live loop reads
+        after every burst of writes, and the descriptor is non-blocking anyway."""
+        chunks = []
+        try:
+            while not chunks or len(chunks[-1]) == _READ:  # a full read may have left more
+                chunks.append(os.read(self.fd, _READ))
+        except BlockingIOError:
+            pass  # nothing (more) queued
+        return parse_events(b"".join(chunks)) if chunks else []
 
     def close(self) -> None:
         self._inotify.close()
@@ -235,9 +244,16 @@ class WakeUp:
 
     def _arm(self) -> bool:
         """Watch each root (recursively), or its nearest existing ancestor while it is gone;
-        replace watches whose directory is no longer the one watched. Returns whether any changed."""
+        replace watches whose directory is no longer the one watched. Returns whether any changed.
+        Asked every round: the common answer (every root is there and is the directory armed)
+        takes one ``stat`` per root."""
         inotify = self._inotify
         assert inotify is not None
+        if len(self._armed) == len(self.roots) and all(
+            (identity := _identity(root)) is not None and self._armed.get((root, True)) == identity
+            for root in self.roots
+        ):
+            return False
         want: dict[tuple[Path, bool], tuple[int, int] | None] = {}
         for root in self.roots:
             here = _nearest_dir(root)
@@ -261,13 +277,13 @@ class WakeUp:
         takes every event queued."""
         deadline = time.monotonic() + timeout
         while True:
-            ready = self._poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
-            if self.event.take():
+            ready = {fd for fd, _ in self._poller.poll(max(0.0, deadline - time.monotonic()) * 1000)}
+            if self.event.read_fd in ready and self.event.take():
                 return
-            if self._take_events():
-                time.sleep(COALESCE)
-                self._take_events()
-                return
+            if self._inotify is not None and self._inotify.fd in ready:
+                time.sleep(COALESCE)  # the rest of the burst: its events are read with the first one's
+                if self._take_events():
+                    return
             if not ready or time.monotonic() >= deadline:
                 return
 
@@ -277,7 +293,7 @@ class WakeUp:
         if inotify is None:
             return False
         wake = False
-        for wd, mask, name in inotify.events():
+        for wd, mask, _, name in inotify.events():
             if not mask & (_STRUCTURE | flags.Q_OVERFLOW | flags.IGNORED):  # a write: only tree watches ask for them,
                 wake = True  # and never in --out (not watched; writes inside it are no event here)
                 continue

@@ -18,28 +18,38 @@ import math
 import struct
 
 _F32 = struct.Struct("<f")
-_F64 = struct.Struct("<d")
+_WALL_TIME = struct.Struct("<cdc")  # the wall_time field, and the step field's key
 _SMALL = [bytes((n,)) for n in range(0x80)]
 
 
 def encode(step: int, wall_time: float, scalars: dict[str, float]) -> bytes:
     """``Event(wall_time, step, summary=Summary(value=[Value(tag, simple_value), ...]))``."""
     names = tuple(scalars)
-    heads = _HEADS.get(names)
-    if heads is None:
-        heads = [_head(tag) for tag in names]
-        if len(_HEADS) < _MAX_HEADS:
-            _HEADS[names] = heads
+    layout = _LAYOUTS.get(names)
+    if layout is None:
+        layout = _layout(names)
+        if len(_LAYOUTS) < _MAX_LAYOUTS:
+            _LAYOUTS[names] = layout
+    heads_and_floats, packer = layout
+    args = heads_and_floats.copy()
+    args[1::2] = scalars.values()
     try:
-        values = b"".join(map(bytes.__add__, heads, map(_F32.pack, scalars.values())))
+        summary = packer.pack(*args)
     except OverflowError:  # finite but beyond float32: C's conversion, and protobuf's, give inf
-        values = b"".join(head + _float32(value) for head, value in zip(heads, scalars.values()))
-    return b"\x09" + _F64.pack(wall_time) + b"\x10" + _varint(step) + b"\x2a" + _varint(len(values)) + values
+        summary = b"".join(head + _float32(value) for head, value in zip(args[0::2], scalars.values()))
+    return b"".join((_WALL_TIME.pack(b"\x09", wall_time, b"\x10"), _varint(step), b"\x2a", _varint(len(summary)), summary))
 
 
-# The tags of one record repeat on every step: their bytes up to each float are made once.
-_HEADS: dict[tuple[str, ...], list[bytes]] = {}
-_MAX_HEADS = 1024  # tags come from log content: the cache must not grow without bound
+# The tags of one record repeat on every step: their bytes up to each float are made once, with
+# one ``Struct`` that lays out all of them and the floats in between (packed in one call).
+_LAYOUTS: dict[tuple[str, ...], tuple[list[bytes | float], struct.Struct]] = {}
+_MAX_LAYOUTS = 1024  # tags come from log content: the cache must not grow without bound
+
+
+def _layout(names: tuple[str, ...]) -> tuple[list[bytes | float], struct.Struct]:
+    """The arguments of the layout's ``Struct`` (each tag's head, then a place for its float)."""
+    heads = [_head(tag) for tag in names]
+    return [x for head in heads for x in (head, 0.0)], struct.Struct("<" + "".join(f"{len(head)}sf" for head in heads))
 
 
 def _head(tag: str) -> bytes:

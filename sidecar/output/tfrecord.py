@@ -34,10 +34,19 @@ def masked_crc32c(data: bytes) -> int:
 
 def frame(payload: bytes) -> bytes:
     """Return one framed record for ``payload``."""
-    header = _LEN.pack(len(payload))
-    return b"".join(
-        (header, _CRC.pack(masked_crc32c(header)), payload, _CRC.pack(masked_crc32c(payload)))
-    )
+    size = len(payload)
+    header = _HEADERS.get(size)
+    if header is None:
+        length = _LEN.pack(size)
+        header = length + _CRC.pack(masked_crc32c(length))
+        if len(_HEADERS) < _MAX_HEADERS:
+            _HEADERS[size] = header
+    return b"".join((header, payload, _CRC.pack(masked_crc32c(payload))))
+
+
+# The events of one run repeat a few sizes: the length and its CRC are made once per size.
+_HEADERS: dict[int, bytes] = {}
+_MAX_HEADERS = 4096
 
 
 class CorruptRecord(Exception):

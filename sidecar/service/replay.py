@@ -11,6 +11,7 @@ A large replay of several ranks runs in worker processes, one per core
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import sys
 import time
@@ -105,6 +106,7 @@ def run_replay(config: SidecarConfig, alert_exit: int) -> int:
             )
             return 0
         total = sum(s.tail.stat().st_size - s.tail.offset for s in engine.sources.values())
+        gc.freeze()  # what start-up made lives to the end: collections need not walk it, nor forks copy it
         show = config.progress and not config.quiet and sys.stderr.isatty()
         groups = replay_workers.shares(engine, config.jobs, config.every)
         with _progress(total, show) as bar:

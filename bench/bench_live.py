@@ -98,8 +98,8 @@ def _requirements(pyproject: Path) -> dict[str, str]:
 def baseline_deps(base: Path, into: Path) -> Path | None:
     """The dependencies of the baseline that the current project dropped (1fe7bd1 used watchdog),
     installed with pip into a directory of their own; ``None`` when there are none."""
-    missing = [req for name, req in _requirements(base / "pyproject.toml").items()
-               if name not in _requirements(REPO / "pyproject.toml")]
+    ours = _requirements(REPO / "pyproject.toml")
+    missing = [req for name, req in _requirements(base / "pyproject.toml").items() if name not in ours]
     if not missing:
         return None
     target = into / "baseline-deps"

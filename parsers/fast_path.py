@@ -21,13 +21,24 @@ stream with a user ``--rank-pattern``, goes to the full parser: this path only e
 The needles are searched as the shortest suffix that starts at their rarest character (``kpoint``
 for ``checkpoint``), in one regex built as a trie: a message without the suffix cannot contain
 the needle, and rare first characters keep the regex from trying alternatives at most positions.
+A needle with a digit in it is searched without the digits (the longest run between them): a
+line with the rest of it goes to the full parser too, which decides.
+
+Raw lines (:class:`Shapes`): the answer for a line is the answer for its *shape*, the line's bytes
+with every ASCII digit made ``0``. The prefix patterns treat all digits alike (``\\d``, and classes
+that hold every digit or none), no needle as searched holds a digit, and no level in
+:data:`~parsers.line.ERROR_LEVELS` does; UTF-8 never uses the bytes of ASCII digits inside a
+multi-byte character, so two lines of one shape decode to texts of one shape. A log repeats a
+few shapes (the same call sites, numbers of the same width), so the answer is looked up per
+shape and the regexes run once per shape, and a plain line is not even decoded. The shapes kept
+are bounded (:data:`KEEP_SHAPES`): a log of ever new shapes costs a lookup more per line, not memory.
 """
 
 from __future__ import annotations
 
 import re
 
-from parsers.line import ERROR_LEVELS, NEEDLES
+from parsers.line import ERROR_LEVELS, NEEDLES, text_of
 from parsers.prefix import FILE_PREFIX, FOREIGN_PREFIX, STDOUT_PREFIX, native_level
 
 # Blanks, lower-case letters, digits and the punctuation of ordinary text, most common first;
@@ -64,7 +75,12 @@ def _any_of(words: set[str]) -> re.Pattern[str]:
     return re.compile(build(tree))
 
 
-_NEEDLE = _any_of({_rare_suffix(needle) for needle in NEEDLES})
+def _digit_free(needle: str) -> str:
+    """The longest run of ``needle`` without an ASCII digit (see :class:`Shapes`)."""
+    return max(re.split("[0-9]+", needle), key=len)
+
+
+_NEEDLE = _any_of({_rare_suffix(_digit_free(needle)) for needle in NEEDLES})
 
 
 NOT_PLAIN, TIMED, UNTIMED = 0, 1, 2
@@ -92,3 +108,33 @@ def classify(line: str) -> tuple[int, re.Match[str] | None]:
     else:
         return _NOTHING
     return (NOT_PLAIN, m) if _NEEDLE.search(line, m.start(3)) else _TIMED
+
+
+SHAPE = bytes.maketrans(b"123456789", b"000000000")  # a line's shape: every ASCII digit made 0
+KEEP_SHAPES = 4096
+
+
+class Shapes:
+    """:func:`classify` for raw lines, its answer remembered per shape (see the module docstring)."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, int] = {}  # shape -> NOT_PLAIN, TIMED or UNTIMED
+
+    def classify(self, raw: bytes) -> tuple[int, str | None, re.Match[str] | None]:
+        """(kind, text, prefix match). A plain line (:data:`TIMED`, :data:`UNTIMED`) comes without
+        its text; another with its text, and with the prefix match when the prefix was matched
+        here (``None``: the full path's split matches it)."""
+        shape = raw.translate(SHAPE)
+        kind = self._known.get(shape)
+        if kind:
+            return kind, None, None
+        text = text_of(raw)
+        if kind is not None:
+            return NOT_PLAIN, text, None
+        kind, prefix = classify(text)
+        if len(self._known) >= KEEP_SHAPES:
+            self._known.clear()
+        self._known[shape] = kind
+        return (kind, None, None) if kind else (NOT_PLAIN, text, prefix)

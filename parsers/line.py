@@ -39,6 +39,12 @@ NEEDLES = (
 )
 
 
+def text_of(raw: bytes) -> str:
+    """A log line as text: invalid UTF-8 is replaced, never fatal; ``\\r\\n`` endings are fine."""
+    text = raw.decode("utf-8", "replace")
+    return text[:-1] if text.endswith("\r") else text
+
+
 def parse_message(message: Message) -> ParsedLine | None:
     """The typed meaning of one message, or ``None`` for everything else."""
     text = message.text

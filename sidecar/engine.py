@@ -31,8 +31,9 @@ see :meth:`Engine._process`). It holds them by design, not by a cap that would w
 without every rank.
 
 Most lines mean nothing (dataset, memory, MindSpore warnings): :mod:`parsers.fast_path` spots
-them, and for a run of them the engine does only what the full path would have done (the
-stream, the rank, the last timestamp); every other line takes the full path.
+them (by their shape, mostly without decoding them), and for a run of them the engine does only
+what the full path would have done (the stream, the rank, the last timestamp); every other line
+takes the full path.
 
 The engine is single-threaded and never sleeps: callers decide when to scan, pump and checkpoint.
 A replay may run one engine per share of the ranks in worker processes (:meth:`Engine.restrict`,
@@ -52,7 +53,8 @@ from typing import Protocol
 
 from parsers import tags
 from parsers.custom_metrics import CustomMatcher, CustomMetric
-from parsers.fast_path import NOT_PLAIN, TIMED, classify
+from parsers.fast_path import TIMED, Shapes
+from parsers.line import text_of
 from parsers.prefix import Message
 from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, ParsedLine, PipelineLine, Record
@@ -62,7 +64,7 @@ from sidecar.analysis.alerts import Alert, Alerts
 from sidecar.analysis.detectors import AlertSettings, Group
 from sidecar.analysis.parallel_layout import LayoutNote
 from sidecar.analysis.sequencer import RankSequencer, Verdict
-from sidecar.following.chains import LATE, Chain, Stream, first_record, text_of
+from sidecar.following.chains import LATE, Chain, Stream, first_record
 from sidecar.following.discovery import Candidate, discover
 from sidecar.following.tailer import FileTail, Identity
 from sidecar.mindspore.ms_follow import SummaryFollower
@@ -84,7 +86,6 @@ MIN_READ = 64 << 10
 _RANK_RUN = re.compile(r"rank_(\d+)")
 CROSS_RANK = (Group.BEHIND, Group.DIVERGENCE)  # alerts that also go to the aggregate run
 _NOTED = {MalformedLine, PipelineLine, ParallelConfigLine}  # parsed lines _note looks at
-_FULL = (NOT_PLAIN, None)  # a line for the full path, its prefix not matched yet
 
 
 @dataclass
@@ -224,6 +225,7 @@ class Engine:
         self.layout = LayoutRun(self.run_writer(f"layout/{instance_name(settings.instance)}"))
         self.bytes_read = 0
         self.lines_read = 0
+        self._shapes = Shapes()  # the fast path's answers, per line shape
 
     # -- discovery -------------------------------------------------------------------------
     def scan(self) -> list[Source]:
@@ -469,17 +471,19 @@ class Engine:
     def _lines(self, source: Source, begin: int, end: int, now: float) -> None:
         """Backlog lines ``begin`` to ``end``: plain ones (:mod:`parsers.fast_path`) passed over, the
         others parsed."""
-        fast = source.router.plain_lines and self.custom is None  # custom metrics look at every line
+        classify = self._shapes.classify if source.router.plain_lines and self.custom is None else None
         skipped = False  # lines the fast path found nothing in since the last full one
         timed = None  # the last of them with a timestamp
         for start, raw in source.backlog[begin:end]:
-            text = text_of(raw)
-            kind, prefix = classify(text) if fast else _FULL
-            if kind:
-                skipped = True
-                if kind == TIMED:
-                    timed = text
-                continue
+            if classify is None:  # custom metrics look at every line, and a --rank-pattern labels any
+                text, prefix = text_of(raw), None
+            else:
+                kind, text, prefix = classify(raw)
+                if kind:
+                    skipped = True
+                    if kind == TIMED:
+                        timed = raw
+                    continue
             if skipped:
                 self._skip(source, timed)
                 skipped, timed = False, None
@@ -487,13 +491,13 @@ class Engine:
         if skipped:
             self._skip(source, timed)
 
-    def _skip(self, source: Source, timed: str | None) -> None:
+    def _skip(self, source: Source, timed: bytes | None) -> None:
         """What the full path does with a run of plain lines (the stream, the rank, the time of
         the last one with a time): they keep the rank of the line before them."""
         rank = source.router.current
         stream = self._stream(source.chain, rank)
         if timed is not None:
-            stream.skip(timed)
+            stream.skip(text_of(timed))
         if self.cross is not None:
             self.cross.expected.add(rank)
 

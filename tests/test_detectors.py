@@ -119,7 +119,8 @@ def test_stall_uses_the_logged_step_time_and_a_floor() -> None:
     alerts, seen = watch(AlertSettings(stall={"factor": 10, "min_seconds": 5}), live=True)
     for n in range(1, 20):
         alerts.observe(0, step(n, iteration_time=2000.0), float(n))  # 2 s per step, as the log says
-    assert alerts.next_check(19.0) == 20.0  # 10 x 2 s after the last step
+    assert alerts.next_check(19.0) == 5.0  # the floor first: no median is taken before it can matter
+    assert alerts.next_check(24.5) == 14.5  # then 10 x 2 s after the last step
     alerts.check_stalls(38.9)
     assert seen == []
     alerts.check_stalls(39.1)

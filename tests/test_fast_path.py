@@ -7,10 +7,12 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from parsers import field_shapes, step_lines
-from parsers.fast_path import NOT_PLAIN, TIMED, UNTIMED, plain
-from parsers.line import NEEDLES, parse_message
+from parsers import fast_path, field_shapes, step_lines
+from parsers.fast_path import NOT_PLAIN, TIMED, UNTIMED, Shapes, classify, plain
+from parsers.line import NEEDLES, parse_message, text_of
 from parsers.prefix import PrefixSplitter
 from parsers.rank_labels import RankRouter
 
@@ -22,6 +24,10 @@ STDOUT = "2024-06-18 02:41:09,377 - mindformers[mindformers/core/callback/callba
 
 def fixture_lines() -> list[str]:
     return [line for path in LOGS for line in path.read_text("utf-8", "replace").splitlines()]
+
+
+def fixture_raw_lines() -> list[bytes]:
+    return [line for path in LOGS for line in path.read_bytes().split(b"\n")]
 
 
 def test_a_plain_line_means_nothing_to_the_full_path() -> None:
@@ -68,6 +74,57 @@ def test_foreign_lines_below_error_mean_nothing_whatever_they_say(line: str) -> 
 ])
 def test_labels_error_lines_and_unknown_lines_take_the_full_path(line: str) -> None:
     assert plain(line) == NOT_PLAIN
+
+
+def test_shapes_answer_as_classify_on_every_bundled_line_the_first_time_and_after() -> None:
+    shapes = Shapes()
+    raws = fixture_raw_lines()
+    hits = 0
+    for rounds in range(2):
+        for raw in raws:
+            text = text_of(raw)
+            kind, prefix = classify(text)
+            got_kind, got_text, _ = shapes.classify(raw)
+            assert got_kind == kind, raw
+            assert got_text == (None if kind else text), raw  # a plain line is not decoded
+            hits += rounds
+    assert len(shapes._known) < len(raws) / 3  # the logs repeat their shapes, like real ones
+    assert hits == len(raws)
+
+
+DIGITS = st.sampled_from(b"0123456789")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(fixture_raw_lines()), st.data())
+def test_lines_of_one_shape_get_one_answer(raw: bytes, data: st.DataObject) -> None:
+    """Any digit of a line changed to any other: :class:`Shapes` (taught by the first line) says what
+    :func:`classify` says of the second."""
+    other = bytes(data.draw(DIGITS) if 0x30 <= b <= 0x39 and data.draw(st.booleans()) else b for b in raw)
+    shapes = Shapes()
+    shapes.classify(raw)
+    text = text_of(other)
+    kind, _ = classify(text)
+    assert shapes.classify(other)[:2] == (kind, None if kind else text), (raw, other)
+
+
+@pytest.mark.parametrize("rank", ["0", "5"])
+def test_a_needle_with_a_digit_takes_the_full_path_whatever_the_digit(rank: str) -> None:
+    shapes = Shapes()
+    warning = f"{PREFIX}zero_bubble_v is enabled, loss is valid only on rank {rank}".encode()
+    assert shapes.classify(warning.replace(rank.encode(), b"7"))[0] == NOT_PLAIN  # taught by another digit
+    assert shapes.classify(warning)[0] == NOT_PLAIN
+    assert plain(warning.decode()) == NOT_PLAIN
+
+
+def test_the_shapes_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast_path, "KEEP_SHAPES", 50)
+    shapes = Shapes()
+    for n in range(500):
+        line = f"{PREFIX}dataset file shard_{'x' * (n % 7)}{chr(97 + n % 26) * (n // 26)}.bin opened".encode()
+        assert shapes.classify(line)[0] == TIMED
+        assert len(shapes._known) <= 50
+    assert shapes.classify((PREFIX + "Epoch:[1/2], step:[3/4], loss:[1.0/1.0]").encode())[0] == NOT_PLAIN
 
 
 def parse(text: str, shapes: bool, monkeypatch: pytest.MonkeyPatch) -> object:

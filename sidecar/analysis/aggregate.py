@@ -99,7 +99,10 @@ class _Step:
         for rank in sorted(self.ranks):
             for tag, value in self.ranks[rank].items():
                 if tag in AGGREGATED_TAGS:
-                    out.setdefault(tag, {})[rank] = value
+                    by_rank = out.get(tag)
+                    if by_rank is None:  # not setdefault: it would make a dict per value
+                        by_rank = out[tag] = {}
+                    by_rank[rank] = value
         return out
 
 

@@ -270,7 +270,7 @@ class Alerts:
 
     def next_check(self, now: float) -> float | None:
         """Seconds until the next stall could be due (the live loop wakes by then)."""
-        due = [w.stall.arrived + w.stall.limit() - now for w in self.ranks.values()
+        due = [w.stall.due(now) - now for w in self.ranks.values()
                if w.stall is not None and w.stall.arrived is not None and not w.stall.episode.active]
         return max(min(due), 0.0) if due else None
 

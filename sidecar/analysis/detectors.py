@@ -227,7 +227,15 @@ class StallDetector:
             self._limit = max(self.settings.factor * median, self.settings.min_seconds)
         return self._limit
 
+    def due(self, now: float) -> float:
+        """The monotonic time a stall could start: the limit after the last arrival; before
+        ``min_seconds`` have passed, that (the limit is at least this), with no median taken."""
+        assert self.arrived is not None
+        soonest = self.arrived + self.settings.min_seconds
+        return soonest if now < soonest else self.arrived + self.limit()
+
     def check(self, now: float) -> str | None:
         if self.arrived is None or self.episode.active:
             return None
-        return self.episode.update(now - self.arrived > self.limit())
+        waited = now - self.arrived  # the limit is at least min_seconds: a median only when it can matter
+        return self.episode.update(waited > self.settings.min_seconds and waited > self.limit())

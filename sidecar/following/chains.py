@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parsers.assembler import StreamAssembler
-from parsers.line import parse_message
+from parsers.line import parse_message, text_of
 from parsers.prefix import Message, PrefixSplitter
 from parsers.rank_labels import RankRouter
 from parsers.records import MalformedLine, ParsedLine, Record
@@ -35,12 +35,6 @@ from sidecar.analysis.sequencer import ChainCursor
 PEEK_BYTES = 4 << 20  # how far ahead a chain's first training step is looked for
 PEEK_PIECE = 64 << 10
 LATE = (math.inf, math.inf)
-
-
-def text_of(raw: bytes) -> str:
-    """A log line as text: invalid UTF-8 is replaced, never fatal; ``\\r\\n`` endings are fine."""
-    text = raw.decode("utf-8", "replace")
-    return text[:-1] if text.endswith("\r") else text
 
 
 class Stream:

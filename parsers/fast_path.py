@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 
 from parsers.line import ERROR_LEVELS, NEEDLES, text_of
-from parsers.prefix import FILE_PREFIX, FOREIGN_PREFIX, STDOUT_PREFIX, native_level
+from parsers.prefix import FILE_PREFIX, FOREIGN_PREFIX, STDOUT_PREFIX, Cut, cut_of, native_level
 
 # Blanks, lower-case letters, digits and the punctuation of ordinary text, most common first;
 # any other character (upper case, braces) is rarer than all of them.
@@ -115,26 +115,28 @@ KEEP_SHAPES = 4096
 
 
 class Shapes:
-    """:func:`classify` for raw lines, its answer remembered per shape (see the module docstring)."""
+    """:func:`classify` for raw lines, its answer remembered per shape (see the module docstring),
+    and for a line that is not plain, where its prefix is (:func:`parsers.prefix.cut_of`)."""
 
     __slots__ = ("_known",)
 
     def __init__(self) -> None:
-        self._known: dict[bytes, int] = {}  # shape -> NOT_PLAIN, TIMED or UNTIMED
+        # shape -> TIMED or UNTIMED, or for a line that is not plain its prefix's cut (() for none)
+        self._known: dict[bytes, int | Cut | tuple[()]] = {}
 
-    def classify(self, raw: bytes) -> tuple[int, str | None, re.Match[str] | None]:
-        """(kind, text, prefix match). A plain line (:data:`TIMED`, :data:`UNTIMED`) comes without
-        its text; another with its text, and with the prefix match when the prefix was matched
-        here (``None``: the full path's split matches it)."""
+    def classify(self, raw: bytes) -> tuple[int, str | None, Cut | None]:
+        """(kind, text, cut). A plain line (:data:`TIMED`, :data:`UNTIMED`) comes without its text;
+        another with its text and where its prefix is (``None``: it has none)."""
         shape = raw.translate(SHAPE)
-        kind = self._known.get(shape)
-        if kind:
-            return kind, None, None
+        known = self._known.get(shape)
+        if known is not None:
+            if isinstance(known, int):
+                return known, None, None
+            return NOT_PLAIN, text_of(raw), known or None
         text = text_of(raw)
-        if kind is not None:
-            return NOT_PLAIN, text, None
         kind, prefix = classify(text)
+        cut = cut_of(prefix) if prefix is not None else None
         if len(self._known) >= KEEP_SHAPES:
             self._known.clear()
-        self._known[shape] = kind
-        return (kind, None, None) if kind else (NOT_PLAIN, text, prefix)
+        self._known[shape] = kind or cut or ()
+        return (kind, None, None) if kind else (NOT_PLAIN, text, cut)

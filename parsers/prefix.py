@@ -28,6 +28,18 @@ FOREIGN_PREFIX = re.compile(
 )
 
 
+Cut = tuple[int, int, int, int, int]  # where a prefix match put the level, the timestamp and the message
+
+
+def cut_of(m: re.Match[str]) -> Cut:
+    """A :data:`FILE_PREFIX` or :data:`STDOUT_PREFIX` match as (level start, level end, timestamp
+    start, timestamp end, message start): what :meth:`PrefixSplitter.split` takes from it, in
+    indices, so that a line of the same shape can be cut without matching it
+    (:class:`parsers.fast_path.Shapes`)."""
+    level, ts = (1, 2) if m.re is FILE_PREFIX else (2, 1)
+    return (*m.span(level), *m.span(ts), m.start(3))
+
+
 @dataclass(slots=True)  # not frozen: one per line read, and a frozen __init__ costs twice as much
 class Message:
     """One line with its prefix removed. ``foreign`` lines are not mindformers' own."""
@@ -51,11 +63,12 @@ class PrefixSplitter:
         self._last_ts = ""
         self._last_time = 0.0
 
-    def split(self, line: str, prefix: re.Match[str] | None = None) -> Message:
-        """``prefix``: :data:`FILE_PREFIX`'s or :data:`STDOUT_PREFIX`'s match on ``line``, where
-        the caller has it already (:func:`parsers.fast_path.classify`)."""
-        if prefix is not None:
-            return self._prefixed(prefix)
+    def split(self, line: str, cut: Cut | None = None) -> Message:
+        """``cut``: where :data:`FILE_PREFIX` or :data:`STDOUT_PREFIX` matches ``line``, where the
+        caller knows it already (:class:`parsers.fast_path.Shapes`)."""
+        if cut is not None:
+            level_start, level_end, ts_start, ts_end, message = cut
+            return Message(line[message:], self._timestamp(line[ts_start:ts_end]), line[level_start:level_end])
         first = line[:1]
         if first == "[":
             m = FILE_PREFIX.match(line)

@@ -55,7 +55,7 @@ from parsers import tags
 from parsers.custom_metrics import CustomMatcher, CustomMetric
 from parsers.fast_path import TIMED, Shapes
 from parsers.line import text_of
-from parsers.prefix import Message
+from parsers.prefix import Cut, Message
 from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, ParsedLine, PipelineLine, Record
 from sidecar.analysis.accounting import Accounting, Reason
@@ -476,9 +476,9 @@ class Engine:
         timed = None  # the last of them with a timestamp
         for start, raw in source.backlog[begin:end]:
             if classify is None:  # custom metrics look at every line, and a --rank-pattern labels any
-                text, prefix = text_of(raw), None
+                text, cut = text_of(raw), None
             else:
-                kind, text, prefix = classify(raw)
+                kind, text, cut = classify(raw)
                 if kind:
                     skipped = True
                     if kind == TIMED:
@@ -487,7 +487,7 @@ class Engine:
             if skipped:
                 self._skip(source, timed)
                 skipped, timed = False, None
-            self._line(source, start, text, now, prefix)
+            self._line(source, start, text, now, cut)
         if skipped:
             self._skip(source, timed)
 
@@ -501,12 +501,12 @@ class Engine:
         if self.cross is not None:
             self.cross.expected.add(rank)
 
-    def _line(self, source: Source, start: int, text: str, now: float, prefix: re.Match[str] | None) -> None:
+    def _line(self, source: Source, start: int, text: str, now: float, cut: Cut | None) -> None:
         rank, body = source.router.route(text)
         stream = self._stream(source.chain, rank)
         if self.cross is not None:
             self.cross.expected.add(rank)
-        parsed, records = stream.feed(body, start, now, source, prefix if body is text else None)
+        parsed, records = stream.feed(body, start, now, source, cut if body is text else None)
         if stream.startup.updates:
             self.meta.note(rank, stream.startup.take())
         if parsed is None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from parsers import fast_path, field_shapes, step_lines
 from parsers.fast_path import NOT_PLAIN, TIMED, UNTIMED, Shapes, classify, plain
 from parsers.line import NEEDLES, parse_message, text_of
-from parsers.prefix import PrefixSplitter
+from parsers.prefix import Cut, PrefixSplitter, cut_of
 from parsers.rank_labels import RankRouter
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -76,20 +76,30 @@ def test_labels_error_lines_and_unknown_lines_take_the_full_path(line: str) -> N
     assert plain(line) == NOT_PLAIN
 
 
+def what_classify_says(raw: bytes) -> tuple[int, str | None, Cut | None]:
+    """:meth:`Shapes.classify`'s answer by :func:`classify` alone: a plain line without its text."""
+    text = text_of(raw)
+    kind, prefix = classify(text)
+    return (kind, None, None) if kind else (kind, text, None if prefix is None else cut_of(prefix))
+
+
 def test_shapes_answer_as_classify_on_every_bundled_line_the_first_time_and_after() -> None:
     shapes = Shapes()
     raws = fixture_raw_lines()
-    hits = 0
-    for rounds in range(2):
+
+    def check_all() -> None:
         for raw in raws:
-            text = text_of(raw)
-            kind, prefix = classify(text)
-            got_kind, got_text, _ = shapes.classify(raw)
-            assert got_kind == kind, raw
-            assert got_text == (None if kind else text), raw  # a plain line is not decoded
-            hits += rounds
-    assert len(shapes._known) < len(raws) / 3  # the logs repeat their shapes, like real ones
-    assert hits == len(raws)
+            answer = shapes.classify(raw)
+            assert answer == what_classify_says(raw), raw
+            _, text, cut = answer
+            if text is not None and cut is not None:  # the cut splits the line as a match would
+                assert PrefixSplitter().split(text, cut) == PrefixSplitter().split(text), raw
+
+    check_all()
+    known = dict(shapes._known)
+    check_all()
+    assert shapes._known == known  # the second time, every shape was known
+    assert len(known) < len(raws) / 3  # the logs repeat their shapes, like real ones
 
 
 DIGITS = st.sampled_from(b"0123456789")
@@ -103,9 +113,7 @@ def test_lines_of_one_shape_get_one_answer(raw: bytes, data: st.DataObject) -> N
     other = bytes(data.draw(DIGITS) if 0x30 <= b <= 0x39 and data.draw(st.booleans()) else b for b in raw)
     shapes = Shapes()
     shapes.classify(raw)
-    text = text_of(other)
-    kind, _ = classify(text)
-    assert shapes.classify(other)[:2] == (kind, None if kind else text), (raw, other)
+    assert shapes.classify(other) == what_classify_says(other), (raw, other)
 
 
 @pytest.mark.parametrize("rank", ["0", "5"])

@@ -165,9 +165,9 @@ class LevelDetector:
                 values.append(value)
             return None
         if self._new >= self._refresh or self.threshold != self.threshold:
-            self.median = statistics.median(values)
-            mad = MAD_SCALE * statistics.median([abs(v - self.median) for v in values])
-            self.threshold, self._new = self.limit(self.median, mad), 0
+            self.median = median = statistics.median(values)
+            mad = MAD_SCALE * statistics.median([abs(v - median) for v in values])
+            self.threshold, self._new = self.limit(median, mad), 0
         bad = value > self.threshold if self.above else value < self.threshold
         episode = self.episode
         verdict = episode.update(bad) if bad or not episode.idle else None

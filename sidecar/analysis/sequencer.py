@@ -62,9 +62,12 @@ class Verdict(Enum):
     RESUME = "resume"
 
 
+_FLOAT32, _BITS = struct.Struct("<f"), struct.Struct("<I")
+
+
 def identity(step: int, wall: float | None, loss: float | None) -> Identity:
     """What makes two copies of a record the same record: step, timestamp, loss as float32."""
-    bits = None if loss is None else struct.unpack("<I", struct.pack("<f", loss))[0]
+    bits = None if loss is None else _BITS.unpack(_FLOAT32.pack(loss))[0]
     return (step, wall, bits)
 
 

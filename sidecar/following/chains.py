@@ -19,14 +19,13 @@ newer than everything before it and is ordered last.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from parsers.assembler import StreamAssembler
 from parsers.line import parse_message, text_of
-from parsers.prefix import Message, PrefixSplitter
+from parsers.prefix import Cut, Message, PrefixSplitter
 from parsers.rank_labels import RankRouter
 from parsers.records import MalformedLine, ParsedLine, Record
 from parsers.run_config import StartupCollector
@@ -49,9 +48,9 @@ class Stream:
         self.message: Message | None = None  # the last line fed, for the custom metrics
 
     def feed(self, body: str, start: int, now: float, origin: object,
-             prefix: re.Match[str] | None = None) -> tuple[ParsedLine | None, list[Record]]:
-        """``prefix``: the fast path's match of the line's prefix, if it has one."""
-        message = self.message = self.prefix.split(body, prefix)
+             cut: Cut | None = None) -> tuple[ParsedLine | None, list[Record]]:
+        """``cut``: where the line's prefix is, if the fast path knows it."""
+        message = self.message = self.prefix.split(body, cut)
         self.startup.feed(message)
         if self._plain is not None:
             if message.timestamp is None:  # the record takes the time of the line before it

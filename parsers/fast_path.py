@@ -26,12 +26,14 @@ line with the rest of it goes to the full parser too, which decides.
 
 Raw lines (:class:`Shapes`): the answer for a line is the answer for its *shape*, the line's bytes
 with every ASCII digit made ``0``. The prefix patterns treat all digits alike (``\\d``, and classes
-that hold every digit or none), no needle as searched holds a digit, and no level in
-:data:`~parsers.line.ERROR_LEVELS` does; UTF-8 never uses the bytes of ASCII digits inside a
-multi-byte character, so two lines of one shape decode to texts of one shape. A log repeats a
-few shapes (the same call sites, numbers of the same width), so the answer is looked up per
-shape and the regexes run once per shape, and a plain line is not even decoded. The shapes kept
-are bounded (:data:`KEEP_SHAPES`): a log of ever new shapes costs a lookup more per line, not memory.
+that hold every digit or none), so they match the lines of one shape alike and at the same
+places; no needle as searched holds a digit, and no level in :data:`~parsers.line.ERROR_LEVELS`
+does; UTF-8 never uses the bytes of ASCII digits inside a multi-byte character, so two lines of
+one shape decode to texts of one shape. A log repeats a few shapes (the same call sites, numbers
+of the same width), so the answer, and for a line that is not plain where its prefix is, is looked
+up per shape: the regexes run once per shape, and a plain line is not even decoded. The shapes
+kept are bounded (:data:`KEEP_SHAPES`): a log of ever new shapes costs a lookup more per line,
+not memory.
 """
 
 from __future__ import annotations

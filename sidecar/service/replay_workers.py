@@ -105,7 +105,7 @@ class Relay:
         if len(self._items) >= BATCH:  # only here: :meth:`loss` may still mark the item it adds
             self.send(0)
         self._last[rank] = record.step
-        scalars = record.scalars  # a copy: the engine adds derived tags to the record later
+        scalars = record.scalars  # copied, since the engine adds derived tags to the record later (in C if it can)
         scalars = dict(scalars) if scalars.keys() <= AGGREGATED_TAGS else {
             tag: v for tag, v in scalars.items() if tag in AGGREGATED_TAGS}
         self._observed = ["o", rank, record.step, record.wall_time, scalars, resumed, False]

@@ -67,19 +67,18 @@ class PrefixSplitter:
         """``cut``: where :data:`FILE_PREFIX` or :data:`STDOUT_PREFIX` matches ``line``, where the
         caller knows it already (:class:`parsers.fast_path.Shapes`)."""
         if cut is not None:
-            level_start, level_end, ts_start, ts_end, message = cut
-            return Message(line[message:], self._timestamp(line[ts_start:ts_end]), line[level_start:level_end])
+            return self._cut(line, cut)
         first = line[:1]
         if first == "[":
             m = FILE_PREFIX.match(line)
             if m:
-                return self._prefixed(m)
+                return self._cut(line, cut_of(m))
             if FOREIGN_PREFIX.match(line):
                 return Message(line, None, native_level(line), foreign=True)
         elif first.isdigit():
             m = STDOUT_PREFIX.match(line)
             if m:
-                return self._prefixed(m)
+                return self._cut(line, cut_of(m))
             if FOREIGN_PREFIX.match(line):
                 return Message(line, None, None, foreign=True)
         elif first == "E" and FOREIGN_PREFIX.match(line):
@@ -91,10 +90,9 @@ class PrefixSplitter:
                 return Message(m.group(3), self._timestamp(ts) if ts else None, m.group(2))
         return Message(line)
 
-    def _prefixed(self, m: re.Match[str]) -> Message:
-        if m.re is FILE_PREFIX:
-            return Message(m.group(3), self._timestamp(m.group(2)), m.group(1))
-        return Message(m.group(3), self._timestamp(m.group(1)), m.group(2))
+    def _cut(self, line: str, cut: Cut) -> Message:
+        level_start, level_end, ts_start, ts_end, message = cut
+        return Message(line[message:], self._timestamp(line[ts_start:ts_end]), line[level_start:level_end])
 
     def _timestamp(self, ts: str) -> float:
         if ts == self._last_ts:

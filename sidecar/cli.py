@@ -9,13 +9,16 @@ Exit codes (also in ``--help``, as an admin reads them from ``systemctl status``
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import logging
+import os
 import resource
 import signal
 import sys
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from sidecar import __version__
 
@@ -261,5 +264,27 @@ def _write_failure(config: SidecarConfig, exc: OSError) -> int:
     return EXIT_WRITE
 
 
+def run() -> NoReturn:
+    """The console script: :func:`main`, then an exit that skips the interpreter's teardown.
+
+    When :func:`main` returns, everything it wrote is closed and synced (runs, checkpoint); the
+    atexit handlers (logging's flush among them) run and stdout and stderr are flushed here.
+    What is left, freeing every module and object one by one, is work the kernel does at once:
+    about 40 ms of a 0.3 s ``check`` or empty replay (10 ms after a replay, whose objects are
+    mostly frozen). While another thread runs (the metrics endpoint, an ``--on-alert`` command),
+    the normal exit is kept: it waits for threads that are not daemons.
+    """
+    code = main()
+    if threading.active_count() > 1:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (``| head``): nothing more can be said
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -12,10 +12,15 @@ the steps, and, for the fallback, a line of one rank labelled inside another ran
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import pty
 import re
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -145,6 +150,32 @@ def test_a_line_of_a_rank_in_another_ranks_file_makes_it_one_process(tmp_path: P
     assert all_events(tmp_path / "two", clock) == all_events(tmp_path / "one", clock)
     assert summary(two, tmp_path / "two") == summary(one, tmp_path / "one")
     assert checkpoint(tmp_path / "two") == checkpoint(tmp_path / "one")
+
+
+def test_the_progress_bar_ends_at_100_percent_after_a_fallback_to_one_process(tmp_path: Path) -> None:
+    """On a terminal, the bar counts the bytes of the files (not the lines processed too, which
+    took it past 100%), from 0 again when the one process reads everything after the workers gave up."""
+    build(tmp_path / "logs", labelled=True)
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # tqdm draws nothing 0 wide
+    proc = subprocess.Popen([str(BIN), "replay", str(tmp_path / "logs" / "output"), "--out", str(tmp_path / "out"),
+                             "--jobs", "2"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal)
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # EIO: the replay closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    assert proc.wait(timeout=120) == 0
+    text = shown.decode(errors="replace")
+    assert "replaying in one process instead" in text
+    percents = [int(p) for p in re.findall(r"replay:\s*(\d+)%", text)]
+    assert percents and percents[-1] == 100 and max(percents) == 100, text
 
 
 def test_every_rank_shows_what_its_log_says(tmp_path: Path) -> None:

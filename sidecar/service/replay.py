@@ -65,7 +65,7 @@ def alert_command(config: SidecarConfig) -> AlertCommand | None:
 def _progress(total: int, show: bool) -> Any:
     """A progress bar on a terminal; otherwise a stand-in, and tqdm (35 ms to import) is not loaded."""
     if not show:
-        return contextlib.nullcontext(SimpleNamespace(update=lambda n: None))
+        return contextlib.nullcontext(SimpleNamespace(update=lambda n: None, reset=lambda: None))
     from tqdm import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, desc="replay")
@@ -75,9 +75,10 @@ def _replay_here(engine: Engine, bar: Any) -> None:
     """Every file in this process, checkpointing as it goes."""
     last_checkpoint = time.monotonic()
     while True:
-        n = engine.pump(READ_BUDGET, time.monotonic())
-        bar.update(n)
-        if n == 0:
+        before = engine.bytes_read
+        work = engine.pump(READ_BUDGET, time.monotonic())  # bytes read and lines processed
+        bar.update(engine.bytes_read - before)
+        if work == 0:
             break
         if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY:
             engine.checkpoint()
@@ -115,6 +116,7 @@ def run_replay(config: SidecarConfig, alert_exit: int) -> int:
                     replay_workers.run(engine, groups, READ_BUDGET, bar.update)
                 except replay_workers.WorkersFailed as exc:
                     log.warning("%s; replaying in one process instead", exc)
+                    bar.reset()  # every byte is read again
                     engine = Engine(settings)
                     engine.scan()
                     groups = None

@@ -115,6 +115,19 @@ def test_a_rank_that_ends_early_is_behind_at_the_end_of_a_replay() -> None:
     assert "100 steps behind the furthest rank (step 300)" in seen[0].detail
 
 
+def test_a_rank_behind_while_live_is_one_alert_and_resolved_once_it_catches_up() -> None:
+    alerts, seen = watch(AlertSettings(rank_behind={"steps": 50}), live=True)
+    for n in range(1, 301):
+        alerts.observe(0, step(n), 0.0)
+        alerts.observe(1, step(min(n, 200)), 0.0)  # rank 1 waits at step 200 (a slow collective)
+        alerts.check_behind()  # every live round that caught up with the files
+    assert names(seen) == [("rank-behind", 1, 200, False)]
+    for n in range(201, 301):
+        alerts.observe(1, step(n), 0.0)
+        alerts.check_behind()
+    assert names(seen) == [("rank-behind", 1, 200, False), ("rank-behind", 1, 250, True)]
+
+
 def test_stall_uses_the_logged_step_time_and_a_floor() -> None:
     alerts, seen = watch(AlertSettings(stall={"factor": 10, "min_seconds": 5}), live=True)
     for n in range(1, 20):

@@ -249,15 +249,18 @@ class Alerts:
             if len(steps) < 2:
                 return
             front = max(steps.values())
+        limit = self.settings.rank_behind.steps
         for rank, step in sorted(steps.items()):
             watch = self.ranks[rank]
             gap = front - step
-            verdict = watch.behind.update(gap > self.settings.rank_behind.steps)
+            if gap <= limit and watch.behind.idle:
+                continue  # in step, as before (called every live round: most ranks are)
+            verdict = watch.behind.update(gap > limit)
             if verdict:
                 detail = (f"{gap} steps behind the furthest rank (step {front})" if verdict == "start"
                           else "caught up with the other ranks")
                 self._emit(Alert("rank-behind", Group.BEHIND, rank, step, "step", gap,
-                                 str(self.settings.rank_behind.steps), detail, resolved=verdict == "end"))
+                                 str(limit), detail, resolved=verdict == "end"))
 
     def check_stalls(self, now: float) -> None:
         """Live: a rank with no new step for too long (a hang in a collective, a dead worker)."""

@@ -238,4 +238,6 @@ class StallDetector:
         if self.arrived is None or self.episode.active:
             return None
         waited = now - self.arrived  # the limit is at least min_seconds: a median only when it can matter
-        return self.episode.update(waited > self.settings.min_seconds and waited > self.limit())
+        if waited <= self.settings.min_seconds:
+            return None  # no stall, and none to end (checked every live round)
+        return self.episode.update(waited > self.limit())

@@ -18,6 +18,7 @@ import math
 import os
 import pty
 import re
+import select
 import struct
 import subprocess
 import termios
@@ -154,15 +155,15 @@ def test_a_line_of_a_rank_in_another_ranks_file_makes_it_one_process(tmp_path: P
 
 def test_the_progress_bar_ends_at_100_percent_after_a_fallback_to_one_process(tmp_path: Path) -> None:
     """On a terminal, the bar counts the bytes of the files (not the lines processed too, which
-    took it past 100%), from 0 again when the one process reads everything after the workers gave up."""
+    took it past 100%); after a fallback, from 0 again (here the workers stop before they report any)."""
     build(tmp_path / "logs", labelled=True)
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # tqdm draws nothing 0 wide
     proc = subprocess.Popen([str(BIN), "replay", str(tmp_path / "logs" / "output"), "--out", str(tmp_path / "out"),
                              "--jobs", "2"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal)
     os.close(terminal)
-    shown = b""
-    while True:
+    shown, deadline = b"", time.monotonic() + 120
+    while select.select([controller], [], [], max(0.0, deadline - time.monotonic()))[0]:
         try:
             chunk = os.read(controller, 4096)
         except OSError:  # EIO: the replay closed the terminal

@@ -229,6 +229,35 @@ def test_snapshot_restore_mid_way_gives_the_points_of_an_uninterrupted_run(tmp_p
     assert scalars(tmp_path / "no-snapshot")["loss/mean"][60] == 100_060.0
 
 
+def test_a_restored_step_takes_its_lowest_ranks_wall_time_when_that_rank_reports_after_the_restart(
+        tmp_path: Path) -> None:
+    """Steps waiting at the restart with rank 1's values only: rank 0's reports after it give them
+    rank 0's wall time, as without the restart (a step's wall time is its lowest rank's)."""
+    def record(rank: int, step: int) -> Record:
+        return Record(step, 1000.0 + step + 60.0 * rank, {"loss": float(100 * rank + step)}, training_step=True)
+
+    events = [(1, record(1, s), False) for s in range(1, 11)] + [(0, record(0, s), False) for s in range(1, 11)]
+    whole = two_ranks(tmp_path / "whole")
+    _feed(whole, events)
+    whole.flush()
+    whole.close()
+    first = two_ranks(tmp_path / "restarted")
+    _feed(first, events[:10])
+    store = StateStore(tmp_path / "out", "test")
+    store.save(State(aggregate=first.snapshot()))
+    first.close()
+    second = two_ranks(tmp_path / "restarted")
+    restored = store.load().aggregate
+    assert restored is not None
+    second.restore(restored)
+    _feed(second, events[10:])
+    second.flush()
+    second.close()
+    runs = all_events(tmp_path)
+    assert runs["restarted"] == runs["whole"]
+    assert {wall for _, _, _, wall in runs["restarted"]} == {1000.0 + s for s in range(1, 11)}
+
+
 def test_restored_steps_wait_a_fresh_timeout_live(tmp_path: Path) -> None:
     """The missing rank's lines may be in its file, unread while the sidecar was down: a restored step
     is written without it only ``timeout`` seconds after the restart, not at once."""

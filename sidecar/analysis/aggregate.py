@@ -216,11 +216,7 @@ class CrossRankAggregator:
         """Continue from a :meth:`snapshot` of the last checkpoint. Steps the run already holds
         (written after that checkpoint, before a crash) are not waited for again."""
         self._emitted = max(self._emitted, state.emitted)
-        self._pending = {
-            p.step: _Step(math.inf, p.wall, -1, _by_rank(p.values))  # -1: keep the wall it had
-            for p in state.pending
-            if p.step > self._emitted
-        }
+        self._pending = {p.step: _restored(p) for p in state.pending if p.step > self._emitted}
         self._order = sorted(self._pending)
         self.last_step = dict(state.last_step)
         self.reporters = {tag: set(ranks) for tag, ranks in state.reporters.items()}
@@ -377,6 +373,13 @@ class CrossRankAggregator:
         value = custom_scalars_value(layout_pb2.Layout())
         if self.writer.view.watermarks.get(value.tag) == 0:
             self.writer.write_values(1, time.time(), [value])
+
+
+def _restored(pending: PendingStep) -> _Step:
+    """A step that waited at the checkpoint. Its wall time is that of the lowest rank that had
+    reported it, so a lower rank reporting it after the restart still sets it."""
+    by_rank = _by_rank(pending.values)
+    return _Step(math.inf, pending.wall, min(by_rank, default=-1), by_rank)
 
 
 def _by_rank(values: dict[str, dict[int, float]]) -> dict[int, dict[str, float]]:

@@ -25,7 +25,7 @@ from sidecar import __version__
 if TYPE_CHECKING:
     from sidecar.service.config import SidecarConfig
 
-EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK, EXIT_ALERT = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK, EXIT_ALERT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  done (also when nothing matched, with a warning)
   {EXIT_WRITE}  the output could not be written (disk full, read-only, deleted); run again after the fix
@@ -33,7 +33,8 @@ EXIT_CODES = f"""exit codes:
      another sidecar already writing --out as this instance
   {EXIT_METRICS}  the --metrics-port endpoint could not be served (port in use, bad --metrics-host)
   {EXIT_CHECK}  check: a file found cannot be followed (unreadable, not recognised) or none was found
-  {EXIT_ALERT}  replay: an alert that --fail-on names was raised (everything was still written)"""
+  {EXIT_ALERT}  replay: an alert that --fail-on names was raised (everything was still written)
+  {EXIT_INTERRUPTED}  replay: stopped by Ctrl-C; the same command goes on from its last checkpoint"""
 COMMANDS = """commands:
   mstb-sidecar --watch PATH... --out DIR     follow live until SIGTERM/SIGINT (this page)
   mstb-sidecar replay PATH... --out DIR      read finished logs once, print a summary, exit
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     except LockError as exc:  # --out was deleted and another sidecar took it meanwhile
         parser.exit(EXIT_USAGE, f"{parser.prog}: error: {exc}\n")
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _raise_fd_limit() -> None:

@@ -179,6 +179,49 @@ def test_the_progress_bar_ends_at_100_percent_after_a_fallback_to_one_process(tm
     assert percents and percents[-1] == 100 and max(percents) == 100, text
 
 
+def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_on_from_there(tmp_path: Path) -> None:
+    """Ctrl-C while the workers run (sent by ``--on-alert`` at rank 1's NaN, in their second read
+    of a megabyte, once the aggregate has written steps and while it holds others): exit 130
+    with a checkpoint partway through the files; the next replay goes on from there,
+    and the runs then hold what one uninterrupted replay writes (alerts aside: detectors start
+    afresh after a restart; of the layout, TensorBoard shows the newest, which a checkpoint
+    written before the aggregate's first step had to update)."""
+    logs = tmp_path / "logs" / "output" / "log"
+    ranks = [RankLog(logs / f"rank_{r}" / "info.log", r,
+                     loss_of=lambda step, r=r: math.nan if r == 1 and step == 2400 else 2.0 + 1.0 / step)
+             for r in range(2)]
+    # 3.5 MB a rank: four reads (replay.READ_BUDGET), the NaN in the second. A worker may be up to
+    # ten relayed batches (2,560 steps) ahead of the parent; 5,600 steps after the NaN leave time
+    # for the --on-alert command's Ctrl-C to land before the workers finish.
+    for _ in range(8000):
+        for log in ranks:
+            log.step()
+    for log in ranks:
+        log.close()
+    tree, out, reference = tmp_path / "logs" / "output", tmp_path / "out", tmp_path / "reference"
+    started = time.time()
+
+    def replay_to(where: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN), "replay", str(tree), "--out", str(where), "--no-progress", *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    once = tmp_path / "interrupted"  # the NaN's "resolved" must not press Ctrl-C again
+    first = replay_to(out, "--jobs", "2", "--on-alert", f'sh -c "test -e {once} || {{ touch {once}; kill -INT $PPID; }}"')
+    assert first.returncode == 130, first.stderr
+    assert "interrupted: what was written is checkpointed" in first.stderr and "Traceback" not in first.stderr
+    offsets, _, _ = checkpoint(out)
+    assert 0 < sum(offset for _, offset in offsets) < sum(p.stat().st_size for p in logs.rglob("info.log"))
+    assert replay_to(out, "--jobs", "2").returncode == 0
+    assert replay_to(reference, "--jobs", "1").returncode == 0
+    clock = (started, time.time())
+
+    def as_shown(events: dict[str, list]) -> dict[str, list]:
+        return {run: [(e[0], e[2]) for e in points[-1:]] if run.startswith("layout/")  # its newest, at any step
+                else [e for e in points if not e[0].startswith("alerts/")] for run, points in events.items()}
+
+    assert as_shown(all_events(out, clock)) == as_shown(all_events(reference, clock))
+
+
 def test_every_rank_shows_what_its_log_says(tmp_path: Path) -> None:
     """Not just what one process writes: right. Rank 0 shows steps 1-250 once, the resumed values
     from step 200 on; rank 3 ends at 250; rank 2's NaN is there."""

@@ -28,7 +28,7 @@ from sidecar.service.report import summary
 
 log = logging.getLogger(__name__)
 
-READ_BUDGET = 4 << 20
+READ_BUDGET = 1 << 20  # per file and pump; between pumps a replay checkpoints and a worker hears Ctrl-C
 CHECKPOINT_EVERY = 5.0
 ALERT_DRAIN = 60.0  # seconds the end of a replay waits for --on-alert commands, at most
 

@@ -29,8 +29,15 @@ that worker before it writes anything for that rank (:class:`~sidecar.engine.For
 does any other failure of a worker. The parent then stops every worker, deletes the event files
 this replay's processes made (their names carry the pid; nothing else was written yet: no
 checkpoint, no run metadata) and replays in one process from the start, so the result is exactly
-a one-process replay's. An interrupted parallel replay leaves no checkpoint: the next one reads
-everything again and, as after any crash, writes only what the runs do not show yet.
+a one-process replay's.
+
+Interrupted (Ctrl-C): the parent tells each worker to stop, which it does after its current read,
+without releasing the records it holds; it syncs its runs and hands over its part of the
+checkpoint. The parent applies every item that came before that part, so the aggregate holds each
+step the workers wrote (the steps not written yet wait in its snapshot), saves one checkpoint and
+exits 130: the next replay goes on from there. A worker that does not answer within
+:data:`STOP_WAIT` is killed, and no checkpoint is saved (the next replay reads everything again
+and, as after any crash, writes only what the runs do not show yet).
 
 Used when it pays and is safe: ``--jobs`` above 1 (unset: the cores this process may use, and
 only for at least :data:`PARALLEL_FROM` bytes to read), two or more ranks, every file's rank named
@@ -49,6 +56,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from parsers import tags
@@ -62,6 +70,8 @@ log = logging.getLogger(__name__)
 
 PARALLEL_FROM = 8 << 20  # bytes to read below which forking costs more than it saves
 BATCH = 256  # relayed items per message: small enough to keep ranks in step, large enough to be cheap
+STOP = "stop"  # the parent's word to a worker before the end: hand over what you wrote, now
+STOP_WAIT = 30.0  # seconds an interrupted replay waits for its workers' parts
 
 Item = tuple[Any, ...] | list[Any]
 
@@ -177,6 +187,8 @@ def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[
     Raises :class:`WorkersFailed` with the output as it was before (see the module docstring)."""
     workers: list[_Worker] = []
     started = time.time()
+    ctrl_c = _CtrlC()
+    default = signal.signal(signal.SIGINT, ctrl_c)
     try:
         for ranks in groups:
             parent_end, child_end = Pipe()
@@ -188,28 +200,45 @@ def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[
             child_end.close()
             workers.append(_Worker(pid, parent_end, ranks, os.pidfd_open(pid)))
         engine.hand_over()
-        _collect(engine, workers, progress)
+        _collect(engine, workers, progress, ctrl_c)
     except WorkersFailed:
         for worker in workers:
             _stop(worker)
         engine.abandon()
         _undo(engine.settings.out, [os.getpid(), *(w.pid for w in workers)], started)
         raise
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, default)  # a second Ctrl-C ends the hand-over
+        _interrupted(engine, workers)
+        raise
     except BaseException:
         for worker in workers:
             _stop(worker)
         raise
     finally:
+        signal.signal(signal.SIGINT, default)
         for worker in workers:
             os.close(worker.exited)
     for worker in workers:
         os.waitpid(worker.pid, 0)
 
 
-def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], None]) -> None:
-    aggregator, alerts = engine.aggregator, engine.alerts
-    relay_sinks = engine.settings.alert_sinks
+class _CtrlC:
+    """SIGINT while the workers run: noted, and taken between two messages, where the aggregate
+    is whole (a KeyboardInterrupt inside it could leave a step counted as written but not written)."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.pressed = True
+
+
+def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], None], ctrl_c: _CtrlC) -> None:
+    aggregator = engine.aggregator
     while not all(w.done for w in workers):
+        if ctrl_c.pressed:
+            raise KeyboardInterrupt
         busy = [w for w in workers if not w.done]
         ready = wait([w.conn for w in _readable(engine, busy)] + [w.exited for w in busy])
         for worker in busy:
@@ -221,24 +250,8 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
             if message[0] == "done":
                 worker.done, worker.last_steps = True, message[1]
                 continue
-            _, items, expected, read, pumped = message
-            progress(read)
-            worker.pumped = worker.pumped or pumped
-            if aggregator is not None and expected:
-                aggregator.expected |= expected
-            for item in items:
-                kind = item[0]
-                if kind == "o":
-                    _, rank, step, wall, scalars, resumed, written = item
-                    if aggregator is not None:
-                        aggregator.observe_step(rank, step, wall, scalars, 0.0, resumed)
-                        if written and rank in (compared := aggregator.compared_ranks()):
-                            alerts.note_loss(rank, step, scalars[tags.LOSS], wall, compared)
-                elif kind == "a":
-                    for sink in relay_sinks:
-                        sink(item[1])
-                elif aggregator is not None:
-                    (aggregator.note_pipeline if kind == "p" else aggregator.note_parallel)(item[1])
+            _apply(engine, worker, message)
+            progress(message[3])
             if aggregator is not None and all(w.pumped for w in workers):
                 aggregator.ready = True
                 aggregator.flush_due(0.0)
@@ -250,12 +263,66 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
     if aggregator is not None:
         aggregator.writer.sync()  # its fsync while the workers do theirs (the checkpoint's is then free)
     for worker in workers:
-        _, part, stats, accounting, counts, groups, read, lines = _receive(worker)
-        engine.adopt(part, stats, accounting)
-        engine.alerts.counts.update(counts)
-        engine.alerts.groups.update(groups)
-        engine.bytes_read += read
-        engine.lines_read += lines
+        _adopt(engine, _receive(worker))
+
+
+def _apply(engine: Engine, worker: _Worker, message: tuple[Any, ...]) -> None:
+    """A worker's batch: its steps to the aggregate and the divergence check, its alerts to
+    ``--on-alert``, what it learnt of the ranks and the layout."""
+    aggregator, alerts = engine.aggregator, engine.alerts
+    _, items, expected, _, pumped = message
+    worker.pumped = worker.pumped or pumped
+    if aggregator is not None and expected:
+        aggregator.expected |= expected
+    for item in items:
+        kind = item[0]
+        if kind == "o":
+            _, rank, step, wall, scalars, resumed, written = item
+            if aggregator is not None:
+                aggregator.observe_step(rank, step, wall, scalars, 0.0, resumed)
+                if written and rank in (compared := aggregator.compared_ranks()):
+                    alerts.note_loss(rank, step, scalars[tags.LOSS], wall, compared)
+        elif kind == "a":
+            for sink in engine.settings.alert_sinks:
+                sink(item[1])
+        elif aggregator is not None:
+            (aggregator.note_pipeline if kind == "p" else aggregator.note_parallel)(item[1])
+
+
+def _adopt(engine: Engine, final: tuple[Any, ...]) -> None:
+    """A worker's last word: its part of the checkpoint, its ranks' figures, its counts."""
+    _, part, stats, accounting, counts, groups, read, lines = final
+    engine.adopt(part, stats, accounting)
+    engine.alerts.counts.update(counts)
+    engine.alerts.groups.update(groups)
+    engine.bytes_read += read
+    engine.lines_read += lines
+
+
+def _interrupted(engine: Engine, workers: list[_Worker]) -> None:
+    """Ctrl-C: every worker hands over what it wrote and one checkpoint is saved (see the module
+    docstring). Anything going wrong on the way (a worker gone, a second Ctrl-C) leaves no checkpoint."""
+    try:
+        for worker in workers:
+            worker.conn.send(STOP)
+        deadline = time.monotonic() + STOP_WAIT
+        for worker in workers:
+            while True:
+                if not worker.conn.poll(max(deadline - time.monotonic(), 0.0)):
+                    raise WorkersFailed(f"replay worker {worker.pid} did not stop in time")
+                message = _receive(worker)
+                if message[0] == "final":
+                    _adopt(engine, message)
+                    break
+                if message[0] == "batch":
+                    _apply(engine, worker, message)
+        engine.checkpoint()
+        log.warning("interrupted: what was written is checkpointed; the same replay goes on from there")
+    except BaseException as exc:  # noqa: BLE001 - the interrupt goes on either way
+        for worker in workers:
+            _stop(worker)
+        why = "Ctrl-C again" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        log.warning("interrupted: no checkpoint saved (%s); the next replay reads everything again", why)
 
 
 def _readable(engine: Engine, busy: list[_Worker]) -> list[_Worker]:
@@ -306,17 +373,22 @@ def _child(engine: Engine, ranks: set[int], conn: Connection, budget: int) -> No
         engine.alerts.loss_sink = relay.loss
         engine.alerts.sinks = [s for s in engine.alerts.sinks if s not in engine.settings.alert_sinks]
         engine.alerts.sinks.append(relay.alert)  # --on-alert runs in the parent
-        while True:
+        stopped = False
+        while not stopped:
             before = engine.bytes_read
             n = engine.pump(budget, time.monotonic())
             relay.pumped = True
             relay.send(engine.bytes_read - before)
+            stopped = conn.poll()  # before the end, the parent only ever says STOP
             if n == 0:
                 break
-        engine.drain()
-        relay.send(0)
-        conn.send(("done", {r: s.last_step for r, s in engine.stats.items() if s.last_step is not None}))
-        engine.finish(conn.recv())
+        if not stopped:
+            engine.drain()
+            relay.send(0)
+            conn.send(("done", {r: s.last_step for r, s in engine.stats.items() if s.last_step is not None}))
+            front = conn.recv()
+            if front != STOP:
+                engine.finish(front)
         part = engine.state()
         engine.close()
         a = engine.alerts

@@ -194,19 +194,15 @@ def _same(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> boo
     )
 
 
-def test_snapshot_restore_mid_way_gives_the_points_of_an_uninterrupted_run(tmp_path: Path) -> None:
-    """Restart while rank 1 is 50 steps behind: the 50 waiting steps (a NaN among them) come through the
-    state file and are still averaged over both ranks, exactly as without the restart."""
-    events = _apart()
-    cut = 75  # rank 0 at step 88, rank 1 at 38: steps 38-88 wait
+def _with_a_restart(tmp_path: Path, events: list[tuple[int, Record, bool]], cut: int) -> tuple[int, CrossRankAggregator]:
+    """``events`` into run ``whole`` in one go, and into run ``restarted`` with a checkpoint and a
+    restart after the first ``cut``: the steps waiting at the restart, and the restarted aggregator."""
     whole = two_ranks(tmp_path / "whole")
     _feed(whole, events)
     whole.flush()
     whole.close()
-
     first = two_ranks(tmp_path / "restarted")
     _feed(first, events[:cut])
-    assert first.pending_steps() == 51
     store = StateStore(tmp_path / "out", "test")
     store.save(State(aggregate=first.snapshot()))
     first.close()
@@ -214,10 +210,20 @@ def test_snapshot_restore_mid_way_gives_the_points_of_an_uninterrupted_run(tmp_p
     restored = store.load().aggregate
     assert restored is not None
     second.restore(restored)
-    assert second.pending_steps() == 51
+    waiting = second.pending_steps()
     _feed(second, events[cut:])
     second.flush()
     second.close()
+    return waiting, second
+
+
+def test_snapshot_restore_mid_way_gives_the_points_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Restart while rank 1 is 50 steps behind: the 50 waiting steps (a NaN among them) come through the
+    state file and are still averaged over both ranks, exactly as without the restart."""
+    events = _apart()
+    cut = 75  # rank 0 at step 88, rank 1 at 38: steps 38-88 wait
+    waiting, second = _with_a_restart(tmp_path, events, cut)
+    assert waiting == 51
     assert _same(scalars(tmp_path / "restarted"), scalars(tmp_path / "whole"))
     assert second.incomplete_steps == 0
     assert scalars(tmp_path / "restarted")["loss/mean"][60] == 50_060.0
@@ -237,22 +243,7 @@ def test_a_restored_step_takes_its_lowest_ranks_wall_time_when_that_rank_reports
         return Record(step, 1000.0 + step + 60.0 * rank, {"loss": float(100 * rank + step)}, training_step=True)
 
     events = [(1, record(1, s), False) for s in range(1, 11)] + [(0, record(0, s), False) for s in range(1, 11)]
-    whole = two_ranks(tmp_path / "whole")
-    _feed(whole, events)
-    whole.flush()
-    whole.close()
-    first = two_ranks(tmp_path / "restarted")
-    _feed(first, events[:10])
-    store = StateStore(tmp_path / "out", "test")
-    store.save(State(aggregate=first.snapshot()))
-    first.close()
-    second = two_ranks(tmp_path / "restarted")
-    restored = store.load().aggregate
-    assert restored is not None
-    second.restore(restored)
-    _feed(second, events[10:])
-    second.flush()
-    second.close()
+    assert _with_a_restart(tmp_path, events, 10)[0] == 10
     runs = all_events(tmp_path)
     assert runs["restarted"] == runs["whole"]
     assert {wall for _, _, _, wall in runs["restarted"]} == {1000.0 + s for s in range(1, 11)}

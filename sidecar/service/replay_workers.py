@@ -250,8 +250,7 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
             if message[0] == "done":
                 worker.done, worker.last_steps = True, message[1]
                 continue
-            _apply(engine, worker, message)
-            progress(message[3])
+            progress(_apply(engine, worker, message))
             if aggregator is not None and all(w.pumped for w in workers):
                 aggregator.ready = True
                 aggregator.flush_due(0.0)
@@ -266,11 +265,11 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
         _adopt(engine, _receive(worker))
 
 
-def _apply(engine: Engine, worker: _Worker, message: tuple[Any, ...]) -> None:
+def _apply(engine: Engine, worker: _Worker, message: tuple[Any, ...]) -> int:
     """A worker's batch: its steps to the aggregate and the divergence check, its alerts to
-    ``--on-alert``, what it learnt of the ranks and the layout."""
+    ``--on-alert``, what it learnt of the ranks and the layout. Returns the bytes it says it read."""
     aggregator, alerts = engine.aggregator, engine.alerts
-    _, items, expected, _, pumped = message
+    _, items, expected, read, pumped = message
     worker.pumped = worker.pumped or pumped
     if aggregator is not None and expected:
         aggregator.expected |= expected
@@ -287,6 +286,7 @@ def _apply(engine: Engine, worker: _Worker, message: tuple[Any, ...]) -> None:
                 sink(item[1])
         elif aggregator is not None:
             (aggregator.note_pipeline if kind == "p" else aggregator.note_parallel)(item[1])
+    return read
 
 
 def _adopt(engine: Engine, final: tuple[Any, ...]) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from live_helpers import BIN, RankLog
@@ -179,13 +180,15 @@ def test_the_progress_bar_ends_at_100_percent_after_a_fallback_to_one_process(tm
     assert percents and percents[-1] == 100 and max(percents) == 100, text
 
 
-def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_on_from_there(tmp_path: Path) -> None:
-    """Ctrl-C while the workers run (sent by ``--on-alert`` at rank 1's NaN, in their second read
-    of a megabyte, once the aggregate has written steps and while it holds others): exit 130
-    with a checkpoint partway through the files; the next replay goes on from there,
-    and the runs then hold what one uninterrupted replay writes (alerts aside: detectors start
-    afresh after a restart; of the layout, TensorBoard shows the newest, which a checkpoint
-    written before the aggregate's first step had to update)."""
+@pytest.mark.parametrize("jobs", ["1", "2"], ids=["one-process", "two-workers"])
+def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_on_from_there(
+        tmp_path: Path, jobs: str) -> None:
+    """Ctrl-C mid-replay (sent by ``--on-alert`` at rank 1's NaN, in the second read of a
+    megabyte, once the aggregate has written steps and while it holds others), in one process or
+    while the workers run: exit 130 with a checkpoint partway through the files; the next replay
+    goes on from there, and the runs then hold what one uninterrupted replay writes (alerts
+    aside: detectors start afresh after a restart; of the layout, TensorBoard shows the newest,
+    which a checkpoint written before the aggregate's first step had to update)."""
     logs = tmp_path / "logs" / "output" / "log"
     ranks = [RankLog(logs / f"rank_{r}" / "info.log", r,
                      loss_of=lambda step, r=r: math.nan if r == 1 and step == 2400 else 2.0 + 1.0 / step)
@@ -206,12 +209,12 @@ def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_o
                               capture_output=True, text=True, timeout=120)
 
     once = tmp_path / "interrupted"  # the NaN's "resolved" must not press Ctrl-C again
-    first = replay_to(out, "--jobs", "2", "--on-alert", f'sh -c "test -e {once} || {{ touch {once}; kill -INT $PPID; }}"')
+    first = replay_to(out, "--jobs", jobs, "--on-alert", f'sh -c "test -e {once} || {{ touch {once}; kill -INT $PPID; }}"')
     assert first.returncode == 130, first.stderr
     assert "interrupted: what was written is checkpointed" in first.stderr and "Traceback" not in first.stderr
     offsets, _, _ = checkpoint(out)
     assert 0 < sum(offset for _, offset in offsets) < sum(p.stat().st_size for p in logs.rglob("info.log"))
-    assert replay_to(out, "--jobs", "2").returncode == 0
+    assert replay_to(out, "--jobs", jobs).returncode == 0
     assert replay_to(reference, "--jobs", "1").returncode == 0
     clock = (started, time.time())
 

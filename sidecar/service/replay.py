@@ -5,7 +5,8 @@ replay of the same logs add nothing, and a replay after the logs grew add only t
 Output deleted while it runs (:class:`OutputLost` at a checkpoint) ends it with one error line
 and status 1; its checkpoint is dropped, so running it again writes everything that is gone.
 A large replay of several ranks runs in worker processes, one per core
-(:mod:`sidecar.service.replay_workers`), with the same result.
+(:mod:`sidecar.service.replay_workers`), with the same result. Ctrl-C saves the checkpoint of
+what was written and exits 130 (:mod:`sidecar.service.interrupt`): the same command goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sidecar.output.event_file import OutputLost
 from sidecar.output.state import StateStore
 from sidecar.service.alert_command import AlertCommand
 from sidecar.service.config import SidecarConfig
+from sidecar.service.interrupt import SAVED, CtrlC
 from sidecar.service import replay_workers
 from sidecar.service.report import summary
 
@@ -72,17 +74,24 @@ def _progress(total: int, show: bool) -> Any:
 
 
 def _replay_here(engine: Engine, bar: Any) -> None:
-    """Every file in this process, checkpointing as it goes."""
+    """Every file in this process, checkpointing as it goes. Ctrl-C is taken between two reads
+    (:mod:`sidecar.service.interrupt`), where a checkpoint may be saved: it is, and the
+    KeyboardInterrupt goes on."""
     last_checkpoint = time.monotonic()
-    while True:
-        before = engine.bytes_read
-        work = engine.pump(READ_BUDGET, time.monotonic())  # bytes read and lines processed
-        bar.update(engine.bytes_read - before)
-        if work == 0:
-            break
-        if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY:
-            engine.checkpoint()
-            last_checkpoint = time.monotonic()
+    with CtrlC() as ctrl_c:
+        while True:
+            before = engine.bytes_read
+            work = engine.pump(READ_BUDGET, time.monotonic())  # bytes read and lines processed
+            bar.update(engine.bytes_read - before)
+            if ctrl_c.pressed:
+                engine.checkpoint()
+                log.warning(SAVED)
+                raise KeyboardInterrupt
+            if work == 0:
+                break
+            if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY:
+                engine.checkpoint()
+                last_checkpoint = time.monotonic()
     engine.end_of_input()
 
 

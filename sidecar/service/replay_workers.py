@@ -56,7 +56,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from parsers import tags
@@ -65,6 +64,7 @@ from sidecar.analysis.aggregate import AGGREGATED_TAGS
 from sidecar.analysis.alerts import Alert
 from sidecar.engine import LEAD, Engine, ForeignRank
 from sidecar.output.event_file import OutputLost, made_by
+from sidecar.service.interrupt import SAVED, CtrlC
 
 log = logging.getLogger(__name__)
 
@@ -187,54 +187,43 @@ def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[
     Raises :class:`WorkersFailed` with the output as it was before (see the module docstring)."""
     workers: list[_Worker] = []
     started = time.time()
-    ctrl_c = _CtrlC()
-    default = signal.signal(signal.SIGINT, ctrl_c)
-    try:
-        for ranks in groups:
-            parent_end, child_end = Pipe()
-            pid = os.fork()
-            if pid == 0:
-                for fd in [parent_end.fileno()] + [w.conn.fileno() for w in workers] + [w.exited for w in workers]:
-                    os.close(fd)  # only the parent talks to the other workers
-                _child(engine, ranks, child_end, budget)  # never returns
-            child_end.close()
-            workers.append(_Worker(pid, parent_end, ranks, os.pidfd_open(pid)))
-        engine.hand_over()
-        _collect(engine, workers, progress, ctrl_c)
-    except WorkersFailed:
-        for worker in workers:
-            _stop(worker)
-        engine.abandon()
-        _undo(engine.settings.out, [os.getpid(), *(w.pid for w in workers)], started)
-        raise
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, default)  # a second Ctrl-C ends the hand-over
-        _interrupted(engine, workers)
-        raise
-    except BaseException:
-        for worker in workers:
-            _stop(worker)
-        raise
-    finally:
-        signal.signal(signal.SIGINT, default)
-        for worker in workers:
-            os.close(worker.exited)
+    with CtrlC() as ctrl_c:
+        try:
+            for ranks in groups:
+                parent_end, child_end = Pipe()
+                pid = os.fork()
+                if pid == 0:
+                    for fd in [parent_end.fileno()] + [w.conn.fileno() for w in workers] + [w.exited for w in workers]:
+                        os.close(fd)  # only the parent talks to the other workers
+                    _child(engine, ranks, child_end, budget)  # never returns
+                child_end.close()
+                workers.append(_Worker(pid, parent_end, ranks, os.pidfd_open(pid)))
+            engine.hand_over()
+            _collect(engine, workers, progress, ctrl_c)
+        except WorkersFailed:
+            for worker in workers:
+                _stop(worker)
+            engine.abandon()
+            _undo(engine.settings.out, [os.getpid(), *(w.pid for w in workers)], started)
+            raise
+        except KeyboardInterrupt:
+            ctrl_c.release()  # a second Ctrl-C ends the hand-over
+            _interrupted(engine, workers)
+            raise
+        except BaseException:
+            for worker in workers:
+                _stop(worker)
+            raise
+        finally:
+            for worker in workers:
+                os.close(worker.exited)
     for worker in workers:
         os.waitpid(worker.pid, 0)
 
 
-class _CtrlC:
-    """SIGINT while the workers run: noted, and taken between two messages, where the aggregate
-    is whole (a KeyboardInterrupt inside it could leave a step counted as written but not written)."""
-
-    def __init__(self) -> None:
-        self.pressed = False
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.pressed = True
-
-
-def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], None], ctrl_c: _CtrlC) -> None:
+def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], None], ctrl_c: CtrlC) -> None:
+    """Every worker's batches until each has read everything; Ctrl-C is taken between two
+    messages (see :mod:`sidecar.service.interrupt`)."""
     aggregator = engine.aggregator
     while not all(w.done for w in workers):
         if ctrl_c.pressed:
@@ -317,7 +306,7 @@ def _interrupted(engine: Engine, workers: list[_Worker]) -> None:
                 if message[0] == "batch":
                     _apply(engine, worker, message)
         engine.checkpoint()
-        log.warning("interrupted: what was written is checkpointed; the same replay goes on from there")
+        log.warning(SAVED)
     except BaseException as exc:  # noqa: BLE001 - the interrupt goes on either way
         for worker in workers:
             _stop(worker)

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -37,8 +38,10 @@ def job_tree(tmp_path: Path) -> Path:
     """A copy of the 2-rank fixture that user nobody can read (and an --out it can write)."""
     job = tmp_path / "job"
     shutil.copytree(GRAPH, job)
-    for parent in tmp_path.parents[:2]:  # pytest's base directories are owner-only: let nobody pass
+    for parent in tmp_path.parents:  # pytest's base directories are owner-only: let nobody pass
         parent.chmod(parent.stat().st_mode | 0o001)
+        if parent.name.startswith("pytest-of-") or parent == Path(tempfile.gettempdir()):
+            break  # the top of them (a pytest-xdist worker's sits one level deeper)
     for path in [tmp_path, *job.rglob("*"), job]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     (tmp_path / "out").mkdir(mode=0o777)

@@ -137,6 +137,9 @@ def _replay_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, metavar="N",
                         help="read the ranks in N processes (default: one per usable core, for 8 MB of logs or more; "
                         "1: one process)")
+    parser.add_argument("--checkpoint-interval", type=float, metavar="SECONDS",
+                        help="seconds between checkpoints while reading: a replay that is killed goes on from "
+                        "the last one (default 5)")
     parser.add_argument("--fail-on", metavar="ALERTS",
                         help="exit 5 if any of these alerts was raised, e.g. nan,spike (nan, spike, "
                         "behind, throughput, divergence, overflow, error); for CI jobs that gate on a log")

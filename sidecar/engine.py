@@ -742,20 +742,22 @@ class Engine:
         for writer in self._writers():
             writer.flush()
 
-    def checkpoint(self) -> None:
-        """Durability barrier for events, then the offsets that depend on them."""
+    def checkpoint(self, parts: list[State] | None = None) -> None:
+        """Durability barrier for events, then the offsets that depend on them. ``parts``: those
+        replay workers handed over while they read, instead of their last ones (:attr:`adopted`)."""
+        parts = self.adopted if parts is None else parts
         marks = [rank.writer.view.watermarks for rank in self.ranks.values()]
-        marks += [run.watermarks for part in self.adopted for run in part.runs.values()]
+        marks += [run.watermarks for part in parts for run in part.runs.values()]
         self.layout.update((t for m in marks for t in m),
                            self.aggregator.writer.view.watermarks if self.aggregator is not None else ())
-        self.store.save(self.state())
+        self.store.save(self.state(parts))
 
-    def state(self) -> State:
+    def state(self, parts: list[State] | None = None) -> State:
         """Sync every writer and describe what they hold and where each file was read to, with the
-        parts replay workers handed over (:attr:`adopted`)."""
+        parts replay workers handed over (``parts``, by default :attr:`adopted`)."""
         self.meta.write_due({rank_id: rank.writer for rank_id, rank in self.ranks.items()})
         state = State(summaries=self.summaries.offsets())
-        for part in self.adopted:
+        for part in self.adopted if parts is None else parts:
             state.files += part.files
             state.runs.update(part.runs)
             for key, streams in part.chains.items():

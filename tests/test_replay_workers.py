@@ -12,6 +12,7 @@ the steps, and, for the fallback, a line of one rank labelled inside another ran
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -19,6 +20,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import termios
@@ -180,49 +182,157 @@ def test_the_progress_bar_ends_at_100_percent_after_a_fallback_to_one_process(tm
     assert percents and percents[-1] == 100 and max(percents) == 100, text
 
 
-@pytest.mark.parametrize("jobs", ["1", "2"], ids=["one-process", "two-workers"])
-def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_on_from_there(
-        tmp_path: Path, jobs: str) -> None:
-    """Ctrl-C mid-replay (sent by ``--on-alert`` at rank 1's NaN, in the second read of a
-    megabyte, once the aggregate has written steps and while it holds others), in one process or
-    while the workers run: exit 130 with a checkpoint partway through the files; the next replay
-    goes on from there, and the runs then hold what one uninterrupted replay writes (alerts
-    aside: detectors start afresh after a restart; of the layout, TensorBoard shows the newest,
-    which a checkpoint written before the aggregate's first step had to update)."""
-    logs = tmp_path / "logs" / "output" / "log"
+def long_tree(base: Path, nan_at: int | None = None, foreign: bool = False) -> Path:
+    """Two ranks of 8,000 steps, 3.5 MB each: four reads of a megabyte (replay.READ_BUDGET). With
+    ``nan_at``, rank 1's loss is NaN there; with ``foreign``, rank 0's file ends in an OpenMPI-labelled
+    step of rank 2, which has no file of its own (see :func:`build`)."""
+    logs = base / "output" / "log"
     ranks = [RankLog(logs / f"rank_{r}" / "info.log", r,
-                     loss_of=lambda step, r=r: math.nan if r == 1 and step == 2400 else 2.0 + 1.0 / step)
+                     loss_of=lambda step, r=r: math.nan if r == 1 and step == nan_at else 2.0 + 1.0 / step)
              for r in range(2)]
-    # 3.5 MB a rank: four reads (replay.READ_BUDGET), the NaN in the second. A worker may be up to
-    # ten relayed batches (2,560 steps) ahead of the parent; 5,600 steps after the NaN leave time
-    # for the --on-alert command's Ctrl-C to land before the workers finish.
     for _ in range(8000):
         for log in ranks:
             log.step()
+    if foreign:
+        rank2 = RankLog(base / "rank_2.scratch", 2)  # only its lines: the file is outside the tree
+        ranks[0].write(f"[1,2]<stdout>:{rank2.record(8000).decode()}".encode())
+        rank2.close()
     for log in ranks:
         log.close()
-    tree, out, reference = tmp_path / "logs" / "output", tmp_path / "out", tmp_path / "reference"
+    return base / "output"
+
+
+def as_shown(events: dict[str, list]) -> dict[str, list]:
+    """What a replay that went on from a checkpoint must show as one replay does: every point but
+    the alerts (detectors start afresh after a restart) and, of the layout, the newest (TensorBoard
+    shows that one; a checkpoint written before the aggregate's first step had to update it)."""
+    return {run: [(e[0], e[2]) for e in points[-1:]] if run.startswith("layout/")  # its newest, at any step
+            else [e for e in points if not e[0].startswith("alerts/")] for run, points in events.items()}
+
+
+def replay_long(tree: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN), "replay", str(tree), "--out", str(out), "--no-progress", *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def goes_on(tree: Path, out: Path, jobs: str, started: float) -> None:
+    """``out``, checkpointed partway through ``tree``: the same replay goes on from there, and its
+    runs then show what one uninterrupted replay's do (:func:`as_shown`)."""
+    offsets, _, _ = checkpoint(out)
+    assert 0 < sum(offset for _, offset in offsets) < sum(p.stat().st_size for p in tree.rglob("info.log"))
+    again = replay_long(tree, out, "--jobs", jobs)
+    assert again.returncode == 0, again.stderr
+    assert "does not match" not in again.stderr
+    reference = out.with_name("reference")
+    assert replay_long(tree, reference, "--jobs", "1").returncode == 0
+    clock = (started, time.time())
+    assert as_shown(all_events(out, clock)) == as_shown(all_events(reference, clock))
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"], ids=["one-process", "two-workers"])
+def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_on_from_there(
+        tmp_path: Path, jobs: str) -> None:
+    """Ctrl-C mid-replay (sent by ``--on-alert`` at rank 1's NaN, step 4,000, in the second read,
+    once the aggregate has written steps and while it holds others), in one process or while the
+    workers run: exit 130 with a checkpoint of what was written (the default interval saves none
+    before), from which the next replay goes on."""
+    tree = long_tree(tmp_path / "logs", nan_at=4000)
     started = time.time()
-
-    def replay_to(where: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BIN), "replay", str(tree), "--out", str(where), "--no-progress", *extra],
-                              capture_output=True, text=True, timeout=120)
-
+    # A worker may be up to ten relayed batches (2,560 steps) ahead of the parent: the 4,000 steps
+    # after the NaN leave time for the --on-alert command's Ctrl-C to land before the workers finish.
     once = tmp_path / "interrupted"  # the NaN's "resolved" must not press Ctrl-C again
-    first = replay_to(out, "--jobs", jobs, "--on-alert", f'sh -c "test -e {once} || {{ touch {once}; kill -INT $PPID; }}"')
+    first = replay_long(tree, tmp_path / "out", "--jobs", jobs,
+                        "--on-alert", f'sh -c "test -e {once} || {{ touch {once}; kill -INT $PPID; }}"')
     assert first.returncode == 130, first.stderr
     assert "interrupted: what was written is checkpointed" in first.stderr and "Traceback" not in first.stderr
-    offsets, _, _ = checkpoint(out)
-    assert 0 < sum(offset for _, offset in offsets) < sum(p.stat().st_size for p in logs.rglob("info.log"))
-    assert replay_to(out, "--jobs", jobs).returncode == 0
-    assert replay_to(reference, "--jobs", "1").returncode == 0
+    goes_on(tree, tmp_path / "out", jobs, started)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"], ids=["one-process", "two-workers"])
+def test_a_killed_replay_goes_on_from_the_checkpoint_saved_on_the_way(tmp_path: Path, jobs: str) -> None:
+    """SIGKILL once a checkpoint was saved on the way (every 0.05 s here, ``--checkpoint-interval``),
+    in one process or while the workers run: the next replay goes on from the last one."""
+    tree = long_tree(tmp_path / "logs")
+    out = tmp_path / "out"
+    started = time.time()
+    proc = subprocess.Popen([str(BIN), "replay", str(tree), "--out", str(out), "--jobs", jobs,
+                             "--checkpoint-interval", "0.05", "--quiet"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(out.glob(".mstb-sidecar/state-*.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.kill()
+    assert proc.wait(timeout=30) == -signal.SIGKILL, "the replay ended before its first checkpoint"
+    goes_on(tree, out, jobs, started)
+
+
+def test_a_fallback_to_one_process_goes_on_from_the_checkpoint_saved_on_the_way(tmp_path: Path) -> None:
+    """Once the workers saved a checkpoint, a worker that meets a line of a rank it does not own
+    (rank 2's, at the end of rank 0's file) makes the replay go on in one process from that
+    checkpoint, keeping the workers' runs as after a crash: every rank's run then shows what one
+    replay's does. (Not the aggregate: rank 2 joins it when its line is read, which depends on the
+    order of the reads.)"""
+    tree = long_tree(tmp_path / "logs", foreign=True)
+    started = time.time()
+    two = replay_long(tree, tmp_path / "two", "--jobs", "2", "--checkpoint-interval", "0.05")
+    one = replay_long(tree, tmp_path / "one", "--jobs", "1")
     clock = (started, time.time())
+    assert two.returncode == 0 and one.returncode == 0, two.stderr + one.stderr
+    assert ("a line of rank 2 is in a file of another rank; replaying in one process instead, from the "
+            "checkpoint saved on the way") in two.stderr
+    assert "does not match" not in two.stderr
+    shown = {name: as_shown(all_events(tmp_path / name, clock)) for name in ("two", "one")}
+    ranks = {name: {run: points for run, points in runs.items() if run.startswith("rank_")}
+             for name, runs in shown.items()}
+    assert sorted(ranks["one"]) == ["rank_0", "rank_1", "rank_2"]
+    assert ranks["two"] == ranks["one"]
 
-    def as_shown(events: dict[str, list]) -> dict[str, list]:
-        return {run: [(e[0], e[2]) for e in points[-1:]] if run.startswith("layout/")  # its newest, at any step
-                else [e for e in points if not e[0].startswith("alerts/")] for run, points in events.items()}
 
-    assert as_shown(all_events(out, clock)) == as_shown(all_events(reference, clock))
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped, not a zombie waiting for whoever adopted it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_end_with_a_killed_replay(tmp_path: Path) -> None:
+    """A replay killed outright takes its workers with it, even ones that would not notice for a
+    while (stopped here): otherwise they would go on writing its runs and hold the lock on --out
+    they inherited, and the same command could not be run again."""
+    tree = long_tree(tmp_path / "logs")
+    proc = subprocess.Popen([str(BIN), "replay", str(tree), "--out", str(tmp_path / "out"), "--jobs", "2", "--quiet"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    workers: list[int] = []
+    try:
+        def writing() -> bool:  # each worker wrote an event file (its name carries the pid): it is set up
+            names = " ".join(p.name for p in (tmp_path / "out").rglob("*tfevents*"))
+            return len(workers) == 2 and all(f".{pid}." in names for pid in workers)
+
+        deadline = time.monotonic() + 30
+        while not writing() and proc.poll() is None and time.monotonic() < deadline:
+            workers = _children(proc.pid)
+            time.sleep(0.005)
+        assert writing(), f"the replay's workers did not start writing: {workers}, exit {proc.poll()}"
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not any(map(_alive, workers)), "a worker outlived its replay"
+        again = replay_long(tree, tmp_path / "out", "--jobs", "2")
+        assert again.returncode == 0, again.stderr
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.stderr.close()
 
 
 def test_every_rank_shows_what_its_log_says(tmp_path: Path) -> None:

@@ -31,7 +31,6 @@ from sidecar.service.report import summary
 log = logging.getLogger(__name__)
 
 READ_BUDGET = 1 << 20  # per file and pump; between pumps a replay checkpoints and a worker hears Ctrl-C
-CHECKPOINT_EVERY = 5.0
 ALERT_DRAIN = 60.0  # seconds the end of a replay waits for --on-alert commands, at most
 
 
@@ -73,7 +72,11 @@ def _progress(total: int, show: bool) -> Any:
     return tqdm(total=total, unit="B", unit_scale=True, desc="replay")
 
 
-def _replay_here(engine: Engine, bar: Any) -> None:
+def _unread(engine: Engine) -> int:
+    return sum(s.tail.stat().st_size - s.tail.offset for s in engine.sources.values())
+
+
+def _replay_here(engine: Engine, bar: Any, checkpoint_every: float) -> None:
     """Every file in this process, checkpointing as it goes. Ctrl-C is taken between two reads
     (:mod:`sidecar.service.interrupt`), where a checkpoint may be saved: it is, and the
     KeyboardInterrupt goes on."""
@@ -89,7 +92,7 @@ def _replay_here(engine: Engine, bar: Any) -> None:
                 raise KeyboardInterrupt
             if work == 0:
                 break
-            if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY:
+            if time.monotonic() - last_checkpoint >= checkpoint_every:
                 engine.checkpoint()
                 last_checkpoint = time.monotonic()
     engine.end_of_input()
@@ -115,22 +118,24 @@ def run_replay(config: SidecarConfig, alert_exit: int) -> int:
                 ", ".join(map(str, config.paths)),
             )
             return 0
-        total = sum(s.tail.stat().st_size - s.tail.offset for s in engine.sources.values())
+        total = _unread(engine)
         gc.freeze()  # what start-up made lives to the end: collections need not walk it, nor forks copy it
         show = config.progress and not config.quiet and sys.stderr.isatty()
         groups = replay_workers.shares(engine, config.jobs, config.every)
         with _progress(total, show) as bar:
             if groups is not None:
                 try:
-                    replay_workers.run(engine, groups, READ_BUDGET, bar.update)
+                    replay_workers.run(engine, groups, READ_BUDGET, bar.update, config.checkpoint_interval)
                 except replay_workers.WorkersFailed as exc:
-                    log.warning("%s; replaying in one process instead", exc)
-                    bar.reset()  # every byte is read again
+                    log.warning("%s; replaying in one process instead%s", exc,
+                                ", from the checkpoint saved on the way" if exc.checkpointed else "")
                     engine = Engine(settings)
                     engine.scan()
+                    bar.reset()  # what the checkpoint says was read, if there is one; else from 0
+                    bar.update(max(total - _unread(engine), 0))
                     groups = None
             if groups is None:
-                _replay_here(engine, bar)
+                _replay_here(engine, bar, config.checkpoint_interval)
         engine.checkpoint()
     except OutputLost as lost:
         StateStore(config.out, config.instance).forget()

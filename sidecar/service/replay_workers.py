@@ -24,20 +24,30 @@ How:
   and hands over its part of the checkpoint, its counts and its ranks' figures. The parent saves
   one checkpoint, as a one-process replay does.
 
+Checkpoints while reading, every ``--checkpoint-interval``: the parent asks each worker for its
+part (:data:`PART`), which it hands over between two reads, after the batch that covers what it
+describes (:meth:`Engine.state <sidecar.engine.Engine.state>`: its runs synced, its files' offsets
+before any record it holds). Once every part is in, the parent saves them with the aggregate as it
+is then, which holds at least every step the parts cover; a step read again after a restart is one
+the aggregate ignores or overwrites with the same values. So a replay that is killed goes on from
+there next time. No part is asked for once a worker has read everything: the end's checkpoint
+is near.
+
 Guard: a line of a rank outside a worker's share (a labelled line in another rank's file) stops
 that worker before it writes anything for that rank (:class:`~sidecar.engine.ForeignRank`); so
-does any other failure of a worker. The parent then stops every worker, deletes the event files
-this replay's processes made (their names carry the pid; nothing else was written yet: no
-checkpoint, no run metadata) and replays in one process from the start, so the result is exactly
-a one-process replay's.
+does any other failure of a worker. The parent then stops every worker and replays in one
+process. Before the first checkpoint it deletes the event files this replay's processes made
+(their names carry the pid; nothing else was written yet: no checkpoint, no run metadata) and
+starts from the beginning, so the result is exactly a one-process replay's; after one, it goes on
+from that checkpoint, as after a crash (:attr:`WorkersFailed.checkpointed`).
 
 Interrupted (Ctrl-C): the parent tells each worker to stop, which it does after its current read,
 without releasing the records it holds; it syncs its runs and hands over its part of the
 checkpoint. The parent applies every item that came before that part, so the aggregate holds each
 step the workers wrote (the steps not written yet wait in its snapshot), saves one checkpoint and
 exits 130: the next replay goes on from there. A worker that does not answer within
-:data:`STOP_WAIT` is killed, and no checkpoint is saved (the next replay reads everything again
-and, as after any crash, writes only what the runs do not show yet).
+:data:`STOP_WAIT` is killed, and no checkpoint is saved then: as after any crash, the next replay
+goes on from the last one (or reads everything again) and writes only what the runs do not show yet.
 
 Used when it pays and is safe: ``--jobs`` above 1 (unset: the cores this process may use, and
 only for at least :data:`PARALLEL_FROM` bytes to read), two or more ranks, every file's rank named
@@ -64,6 +74,7 @@ from sidecar.analysis.aggregate import AGGREGATED_TAGS
 from sidecar.analysis.alerts import Alert
 from sidecar.engine import LEAD, Engine, ForeignRank
 from sidecar.output.event_file import OutputLost, made_by
+from sidecar.output.state import State
 from sidecar.service.interrupt import SAVED, CtrlC
 
 log = logging.getLogger(__name__)
@@ -71,7 +82,9 @@ log = logging.getLogger(__name__)
 PARALLEL_FROM = 8 << 20  # bytes to read below which forking costs more than it saves
 BATCH = 256  # relayed items per message: small enough to keep ranks in step, large enough to be cheap
 STOP = "stop"  # the parent's word to a worker before the end: hand over what you wrote, now
+PART = "part"  # the parent's word to a worker while it reads: your part of a checkpoint; and its answer
 STOP_WAIT = 30.0  # seconds an interrupted replay waits for its workers' parts
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
 
 Item = tuple[Any, ...] | list[Any]
 
@@ -176,17 +189,35 @@ class _Worker:
     pumped: bool = False
     done: bool = False
     last_steps: dict[int, int] | None = None
+    part: State | None = None  # its answer to the pending PART
+
+
+@dataclass
+class _Checkpoints:
+    """The checkpoints saved while the workers read (see the module docstring)."""
+
+    every: float
+    due: float  # time.monotonic() of the next request
+    asked: bool = False
+    saved: bool = False
 
 
 class WorkersFailed(Exception):
-    """A worker met a rank outside its share, failed or was killed: replay in one process instead."""
+    """A worker met a rank outside its share, failed or was killed: replay in one process instead,
+    from the start, or from the checkpoint saved while the workers read if ``checkpointed``."""
+
+    checkpointed = False
 
 
-def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[[int], None]) -> None:
+def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[[int], None],
+        checkpoint_every: float) -> None:
     """Replay every file with one worker per share of ``groups``; ``engine`` gets what they did.
-    Raises :class:`WorkersFailed` with the output as it was before (see the module docstring)."""
+    Raises :class:`WorkersFailed` with the output as it was before or as its checkpoint says (see
+    the module docstring)."""
     workers: list[_Worker] = []
     started = time.time()
+    checkpoints = _Checkpoints(checkpoint_every, time.monotonic() + checkpoint_every)
+    parent = os.getpid()
     with CtrlC() as ctrl_c:
         try:
             for ranks in groups:
@@ -195,16 +226,18 @@ def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[
                 if pid == 0:
                     for fd in [parent_end.fileno()] + [w.conn.fileno() for w in workers] + [w.exited for w in workers]:
                         os.close(fd)  # only the parent talks to the other workers
-                    _child(engine, ranks, child_end, budget)  # never returns
+                    _child(engine, ranks, child_end, budget, parent)  # never returns
                 child_end.close()
                 workers.append(_Worker(pid, parent_end, ranks, os.pidfd_open(pid)))
             engine.hand_over()
-            _collect(engine, workers, progress, ctrl_c)
-        except WorkersFailed:
+            _collect(engine, workers, progress, ctrl_c, checkpoints)
+        except WorkersFailed as failed:
             for worker in workers:
                 _stop(worker)
             engine.abandon()
-            _undo(engine.settings.out, [os.getpid(), *(w.pid for w in workers)], started)
+            failed.checkpointed = checkpoints.saved
+            if not checkpoints.saved:
+                _undo(engine.settings.out, [os.getpid(), *(w.pid for w in workers)], started)
             raise
         except KeyboardInterrupt:
             ctrl_c.release()  # a second Ctrl-C ends the hand-over
@@ -221,9 +254,10 @@ def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[
         os.waitpid(worker.pid, 0)
 
 
-def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], None], ctrl_c: CtrlC) -> None:
-    """Every worker's batches until each has read everything; Ctrl-C is taken between two
-    messages (see :mod:`sidecar.service.interrupt`)."""
+def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], None], ctrl_c: CtrlC,
+             checkpoints: _Checkpoints) -> None:
+    """Every worker's batches until each has read everything, with checkpoints on the way; Ctrl-C
+    is taken between two messages (see :mod:`sidecar.service.interrupt`)."""
     aggregator = engine.aggregator
     while not all(w.done for w in workers):
         if ctrl_c.pressed:
@@ -239,19 +273,40 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
             if message[0] == "done":
                 worker.done, worker.last_steps = True, message[1]
                 continue
+            if message[0] == PART:
+                worker.part = message[1]
+                _save_if_whole(engine, workers, checkpoints)
+                continue
             progress(_apply(engine, worker, message))
             if aggregator is not None and all(w.pumped for w in workers):
                 aggregator.ready = True
                 aggregator.flush_due(0.0)
+        if not checkpoints.asked and time.monotonic() >= checkpoints.due and not any(w.done for w in workers):
+            for worker in workers:
+                _send(worker, PART)
+            checkpoints.asked = True
     engine.finish()
     lasts = [step for w in workers for step in (w.last_steps or {}).values()]
     front = max(lasts) if len(lasts) >= 2 else None
     for worker in workers:
-        worker.conn.send(front)
+        _send(worker, front)
     if aggregator is not None:
         aggregator.writer.sync()  # its fsync while the workers do theirs (the checkpoint's is then free)
     for worker in workers:
-        _adopt(engine, _receive(worker))
+        while (final := _receive(worker))[0] == PART:
+            pass  # it answered a request it got after its end
+        _adopt(engine, final)
+
+
+def _save_if_whole(engine: Engine, workers: list[_Worker], checkpoints: _Checkpoints) -> None:
+    """Once every worker handed over its part, the checkpoint (see the module docstring)."""
+    if any(w.part is None for w in workers):
+        return
+    engine.checkpoint([w.part for w in workers if w.part is not None])
+    for worker in workers:
+        worker.part = None
+    checkpoints.asked, checkpoints.saved = False, True
+    checkpoints.due = time.monotonic() + checkpoints.every
 
 
 def _apply(engine: Engine, worker: _Worker, message: tuple[Any, ...]) -> int:
@@ -311,7 +366,8 @@ def _interrupted(engine: Engine, workers: list[_Worker]) -> None:
         for worker in workers:
             _stop(worker)
         why = "Ctrl-C again" if isinstance(exc, KeyboardInterrupt) else str(exc)
-        log.warning("interrupted: no checkpoint saved (%s); the next replay reads everything again", why)
+        log.warning("interrupted: no checkpoint saved (%s); the next replay goes on from the last checkpoint, "
+                    "if any", why)
 
 
 def _readable(engine: Engine, busy: list[_Worker]) -> list[_Worker]:
@@ -330,10 +386,22 @@ def _receive(worker: _Worker) -> tuple[Any, ...]:
     try:
         message = worker.conn.recv()
     except (EOFError, OSError):
-        raise WorkersFailed(f"replay worker {worker.pid} ended without a word (killed?)") from None
+        raise _gone(worker) from None
     if message[0] == "failed":
         raise message[1]
     return message
+
+
+def _send(worker: _Worker, word: Any) -> None:
+    try:
+        worker.conn.send(word)
+    except OSError:  # it ended: why, if it said so before
+        while True:
+            _receive(worker)  # raises what it reported, or that it said nothing
+
+
+def _gone(worker: _Worker) -> WorkersFailed:
+    return WorkersFailed(f"replay worker {worker.pid} ended without a word (killed?)")
 
 
 def _undo(out: Path, pids: list[int], since: float) -> None:
@@ -352,10 +420,11 @@ def _stop(worker: _Worker) -> None:
         pass
 
 
-def _child(engine: Engine, ranks: set[int], conn: Connection, budget: int) -> None:
+def _child(engine: Engine, ranks: set[int], conn: Connection, budget: int, parent: int) -> None:
     """A worker: its share of the replay, then its part of the result (see the module docstring)."""
     status = 0
     try:
+        _die_with(parent)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it too
         relay = Relay(conn, ranks)
         engine.restrict(ranks, relay)
@@ -368,14 +437,15 @@ def _child(engine: Engine, ranks: set[int], conn: Connection, budget: int) -> No
             n = engine.pump(budget, time.monotonic())
             relay.pumped = True
             relay.send(engine.bytes_read - before)
-            stopped = conn.poll()  # before the end, the parent only ever says STOP
+            stopped = _listen(engine, conn)
             if n == 0:
                 break
         if not stopped:
             engine.drain()
             relay.send(0)
             conn.send(("done", {r: s.last_step for r, s in engine.stats.items() if s.last_step is not None}))
-            front = conn.recv()
+            while (front := conn.recv()) == PART:  # asked before the parent heard "done"
+                _hand_part(engine, conn)
             if front != STOP:
                 engine.finish(front)
         part = engine.state()
@@ -391,6 +461,29 @@ def _child(engine: Engine, ranks: set[int], conn: Connection, budget: int) -> No
             pass
     finally:
         os._exit(status)
+
+
+def _die_with(parent: int) -> None:
+    """A worker does not outlive the replay: one whose parent was killed would go on writing runs
+    and hold the lock on ``--out`` it inherited, and the next replay could not start."""
+    import ctypes  # only here: a replay in one process does not need it
+
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # gone before that
+        os._exit(1)
+
+
+def _listen(engine: Engine, conn: Connection) -> bool:
+    """A worker between two reads: hands over its part for each PART; whether the parent said STOP."""
+    while conn.poll():
+        if conn.recv() == STOP:
+            return True
+        _hand_part(engine, conn)
+    return False
+
+
+def _hand_part(engine: Engine, conn: Connection) -> None:
+    conn.send((PART, engine.state()))
 
 
 def _say(exc: BaseException) -> str:

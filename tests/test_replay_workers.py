@@ -75,9 +75,13 @@ def build(base: Path, labelled: bool = False) -> list[RankLog]:
 
 
 def replay(tree: Path, out: Path, jobs: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    """:func:`replay_with` ``--jobs`` and the alerts appended to ``out``'s sibling ``.alerts``."""
     alerts = out.with_name(out.name + ".alerts")
-    return subprocess.run([str(BIN), "replay", str(tree), "--out", str(out), "--jobs", str(jobs), "--no-progress",
-                           "--on-alert", f"tee -a {alerts}", *extra],
+    return replay_with(tree, out, "--jobs", str(jobs), "--on-alert", f"tee -a {alerts}", *extra)
+
+
+def replay_with(tree: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN), "replay", str(tree), "--out", str(out), "--no-progress", *extra],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -210,21 +214,16 @@ def as_shown(events: dict[str, list]) -> dict[str, list]:
             else [e for e in points if not e[0].startswith("alerts/")] for run, points in events.items()}
 
 
-def replay_long(tree: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN), "replay", str(tree), "--out", str(out), "--no-progress", *extra],
-                          capture_output=True, text=True, timeout=120)
-
-
 def goes_on(tree: Path, out: Path, jobs: str, started: float) -> None:
     """``out``, checkpointed partway through ``tree``: the same replay goes on from there, and its
     runs then show what one uninterrupted replay's do (:func:`as_shown`)."""
     offsets, _, _ = checkpoint(out)
     assert 0 < sum(offset for _, offset in offsets) < sum(p.stat().st_size for p in tree.rglob("info.log"))
-    again = replay_long(tree, out, "--jobs", jobs)
+    again = replay_with(tree, out, "--jobs", jobs)
     assert again.returncode == 0, again.stderr
     assert "does not match" not in again.stderr
     reference = out.with_name("reference")
-    assert replay_long(tree, reference, "--jobs", "1").returncode == 0
+    assert replay_with(tree, reference, "--jobs", "1").returncode == 0
     clock = (started, time.time())
     assert as_shown(all_events(out, clock)) == as_shown(all_events(reference, clock))
 
@@ -241,7 +240,7 @@ def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_o
     # A worker may be up to ten relayed batches (2,560 steps) ahead of the parent: the 4,000 steps
     # after the NaN leave time for the --on-alert command's Ctrl-C to land before the workers finish.
     once = tmp_path / "interrupted"  # the NaN's "resolved" must not press Ctrl-C again
-    first = replay_long(tree, tmp_path / "out", "--jobs", jobs,
+    first = replay_with(tree, tmp_path / "out", "--jobs", jobs,
                         "--on-alert", f'sh -c "test -e {once} || {{ touch {once}; kill -INT $PPID; }}"')
     assert first.returncode == 130, first.stderr
     assert "interrupted: what was written is checkpointed" in first.stderr and "Traceback" not in first.stderr
@@ -274,8 +273,8 @@ def test_a_fallback_to_one_process_goes_on_from_the_checkpoint_saved_on_the_way(
     order of the reads.)"""
     tree = long_tree(tmp_path / "logs", foreign=True)
     started = time.time()
-    two = replay_long(tree, tmp_path / "two", "--jobs", "2", "--checkpoint-interval", "0.05")
-    one = replay_long(tree, tmp_path / "one", "--jobs", "1")
+    two = replay_with(tree, tmp_path / "two", "--jobs", "2", "--checkpoint-interval", "0.05")
+    one = replay_with(tree, tmp_path / "one", "--jobs", "1")
     clock = (started, time.time())
     assert two.returncode == 0 and one.returncode == 0, two.stderr + one.stderr
     assert ("a line of rank 2 is in a file of another rank; replaying in one process instead, from the "
@@ -326,7 +325,7 @@ def test_workers_end_with_a_killed_replay(tmp_path: Path) -> None:
         while any(map(_alive, workers)) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not any(map(_alive, workers)), "a worker outlived its replay"
-        again = replay_long(tree, tmp_path / "out", "--jobs", "2")
+        again = replay_with(tree, tmp_path / "out", "--jobs", "2")
         assert again.returncode == 0, again.stderr
     finally:
         for pid in workers:

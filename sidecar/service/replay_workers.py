@@ -300,9 +300,10 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
 
 def _save_if_whole(engine: Engine, workers: list[_Worker], checkpoints: _Checkpoints) -> None:
     """Once every worker handed over its part, the checkpoint (see the module docstring)."""
-    if any(w.part is None for w in workers):
+    parts = [w.part for w in workers if w.part is not None]
+    if len(parts) < len(workers):
         return
-    engine.checkpoint([w.part for w in workers if w.part is not None])
+    engine.checkpoint(parts)
     for worker in workers:
         worker.part = None
     checkpoints.asked, checkpoints.saved = False, True

@@ -5,7 +5,9 @@ line reaches TensorBoard, what it costs when nothing happens and how fast it sta
 user pays for it. It measures; it asserts nothing (it is not a test).
 
 What it does, in one invocation, for each contender (the current tree and ``--baseline``, a git
-revision exported to a temp dir, or a source directory), alternating which goes first:
+revision exported to a temp dir, or a source directory), alternating which goes first (and
+for the current tree with ``--min-read-interval 0``, which reads every burst as it comes,
+step 1 only: what batching the reads buys and what it costs in latency):
 
 1. live: ``--ranks`` ranks each append one mindformers v1.9 step (the two-line record of
    :mod:`bench_replay` plus ``--noise`` INFO lines, one ``write`` per line as a logger does)
@@ -61,6 +63,7 @@ class Contender:
     name: str
     src: Path  # the directory holding sidecar/ and parsers/
     deps: Path | None = None  # libraries it needs that this venv no longer has (see baseline_deps)
+    args: tuple[str, ...] = ()  # options for every daemon of this contender
 
     def cmd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "sidecar.cli", *args]
@@ -117,7 +120,7 @@ class Daemon:
     def __init__(self, who: Contender, root: Path, out: Path, *extra: str) -> None:
         self.err = out.with_name(out.name + ".stderr")
         with open(self.err, "wb") as fh:
-            self.proc = subprocess.Popen(who.cmd("--watch", str(root), "--out", str(out), *extra),
+            self.proc = subprocess.Popen(who.cmd("--watch", str(root), "--out", str(out), *who.args, *extra),
                                          stdout=subprocess.DEVNULL, stderr=fh, **who.run_kw())
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -358,6 +361,7 @@ def startup(who: Contender, work: Path) -> tuple[float, float]:
 
 
 def measure(contenders: list[Contender], work: Path, a: argparse.Namespace) -> dict[str, Figures]:
+    """Every figure of every contender; a contender with ``args`` (a variant of another) only live."""
     figures = {c.name: Figures() for c in contenders}
     t0 = time.perf_counter()
     idle_root = idle_tree(work / "idle-in", a.idle_files)
@@ -370,14 +374,18 @@ def measure(contenders: list[Contender], work: Path, a: argparse.Namespace) -> d
             f.cpu_per_1k.append(cpu)
             f.p50.append(p50)
             f.p99.append(p99)
+            print(f"  rep {rep + 1}/{a.reps} {who.name}: {cpu:.1f} ms CPU/1k lines, p50 {p50:.0f} ms, p99 {p99:.0f} ms",
+                  flush=True)
+            if who.args:
+                continue
             f.idle_inotify.append(idle(who, idle_root, work, a))
             f.idle_poll.append(idle(who, idle_root, work, a, "--poll"))
             for _ in range(a.startups):
                 h, e = startup(who, work)
                 f.help_s.append(h)
                 f.empty_s.append(e)
-            print(f"  rep {rep + 1}/{a.reps} {who.name}: {cpu:.1f} ms CPU/1k lines, p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
-                  f"idle {f.idle_inotify[-1]:.2f}% (inotify) {f.idle_poll[-1]:.2f}% (poll)", flush=True)
+            print(f"  rep {rep + 1}/{a.reps} {who.name}: idle {f.idle_inotify[-1]:.2f}% (inotify) "
+                  f"{f.idle_poll[-1]:.2f}% (poll)", flush=True)
     return figures
 
 
@@ -393,15 +401,16 @@ ROWS = (
 
 
 def report(figures: dict[str, Figures]) -> list[tuple[str, ...]]:
-    """The table rows: median per contender, and current / baseline when there is a baseline."""
+    """The table rows: median per contender ("-" where not measured), and each one / the baseline
+    when there is a baseline."""
     names = list(figures)
-    head = ("live (median over reps)", *names) + (("current/baseline",) if len(names) == 2 else ())
-    rows = [head]
+    others = [n for n in names if n != "baseline"] if "baseline" in figures else []
+    rows = [("live (median over reps)", *names, *(f"{n}/baseline" for n in others))]
     for label, attr, fmt in ROWS:
-        values = [statistics.median(getattr(figures[n], attr)) for n in names]
-        cells = [fmt.format(v) for v in values]
-        if len(values) == 2:
-            cells.append(f"{values[0] / values[1]:.2f}" if values[1] else "-")
+        med = {n: statistics.median(v) if (v := getattr(figures[n], attr)) else None for n in names}
+        cells = ["-" if med[n] is None else fmt.format(med[n]) for n in names]
+        base = med.get("baseline")
+        cells += ["-" if med[n] is None or not base else f"{med[n] / base:.2f}" for n in others]
         rows.append((label, *cells))
     return rows
 
@@ -434,7 +443,7 @@ def run(a: argparse.Namespace) -> list[tuple[str, ...]]:
     """Measure and print; returns the table's rows (for :mod:`run_all`)."""
     work = Path(tempfile.mkdtemp(prefix="mstb-bench-live-", dir=a.tmp))
     try:
-        contenders = [Contender("current", REPO)]
+        contenders = [Contender("current", REPO), Contender("every burst", REPO, args=("--min-read-interval", "0"))]
         base = baseline_tree(a.baseline, work)
         if base is not None:
             contenders.append(Contender("baseline", base, baseline_deps(base, work)))

@@ -1,4 +1,5 @@
-"""Live daemon: a step line appended to a log is in an event file on disk within 1 s (p99).
+"""Live daemon: a step line appended to a log is in an event file on disk within 1 s (p99);
+with inotify, a writer faster than ``--min-read-interval`` is read in batches that far apart.
 
 Measured with default settings, from the moment the writer's ``write`` returned to the moment
 a reader polling the event files every 10 ms decodes the step (TensorBoard reads the same bytes:
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import os
 import time
+
+import pytest
 
 from live_helpers import DiskWatcher, LiveEnv, SteadyWriter, assert_exactly_once, percentile
 
@@ -57,3 +60,29 @@ def test_a_head_whose_bar_never_comes_is_released_within_1s(live: LiveEnv) -> No
     assert rc == 0
     print(f"\nheld head released after {took:.2f} s ({live.mode})")
     assert took < 1.0
+
+
+@pytest.mark.parametrize("wake_mode", ["inotify"])
+def test_a_fast_writer_is_read_once_per_min_read_interval(live: LiveEnv) -> None:
+    """Four ranks at 20 steps a second, ``--min-read-interval 1``: the steps reach the event
+    files in batches at least a second apart (a loaded machine can only make them fewer), and
+    every one of them exactly once."""
+    logs = [live.info_log(r) for r in range(4)]
+    for log in logs:
+        log.step(5)
+    sidecar = live.sidecar("--min-read-interval", "1").start()
+    with DiskWatcher(live.out, range(4)) as watcher:
+        watcher.wait_all(logs, 10)
+        since = time.monotonic()
+        with SteadyWriter(logs, rate=20):
+            time.sleep(3.5)
+        watcher.wait_all(logs, 10)
+        arrivals = sorted(t for t in watcher.seen.values() if t > since)
+    rc, _ = sidecar.stop()
+    assert rc == 0
+    assert_exactly_once(live.out, logs)
+    batches = [arrivals[0]] + [b for a, b in zip(arrivals, arrivals[1:]) if b - a > 0.5]
+    gaps = [b - a for a, b in zip(batches, batches[1:])]
+    print(f"\n{len(arrivals)} steps in {len(batches)} batches, gaps {[round(g, 2) for g in gaps]}")
+    assert len(arrivals) >= 4 * 3.5 * 20 * 0.9
+    assert 2 <= len(batches) <= 6 and min(gaps) >= 0.9

@@ -12,6 +12,13 @@ burst and takes all queued events in one ``read`` (the kernel merges repeated wr
 that nobody has read yet), so it reads a step of every rank in one round. ``--out`` is not watched (our own
 writes must not wake us).
 
+Nor does it read more often than every ``--min-read-interval`` (``interval``): a job that
+writes faster is read in batches, each round's fixed cost (a wake-up, a ``read`` and an event
+write per file, the engine's pass over its sources) shared by every line that came meanwhile.
+Half the live CPU per line at 20 steps a second was that cost. A line written after a quiet
+spell is still read :data:`COALESCE` after its event: the pause is counted from the last return
+of :meth:`WakeUp.wait` (after which the loop reads), not from the event.
+
 A watch dies with its directory: ``rm -rf output/log`` (a new job in the same place) deletes the
 watched root, and the re-created directory would send no events until the next full rescan.
 So the watches are re-armed from the main loop (:meth:`WakeUp.take_structure_change`, one
@@ -184,8 +191,10 @@ class WakeUp:
     last :meth:`take_structure_change`, i.e. a rescan is due now rather than at the next reconcile.
     """
 
-    def __init__(self, roots: list[Path], out: Path, poll_only: bool) -> None:
+    def __init__(self, roots: list[Path], out: Path, poll_only: bool, interval: float = 0.0) -> None:
         self.event = _Bell()
+        self.interval = interval
+        self._returned = float("-inf")  # when wait() last returned: the loop read then
         self.structure_changed = False
         self._paths, self._out = roots, out.resolve()
         self._missing = [r for r in roots if not r.exists()]
@@ -193,8 +202,9 @@ class WakeUp:
         self._inotify: _Inotify | None = None
         self._armed: dict[tuple[Path, bool], tuple[int, int] | None] = {}
         self._rearm_failed = False
-        self._poller = select.poll()
+        self._poller, self._bell = select.poll(), select.poll()
         self._poller.register(self.event.read_fd, select.POLLIN)
+        self._bell.register(self.event.read_fd, select.POLLIN)
         self.mode = "poll"
         if poll_only:
             return
@@ -273,15 +283,22 @@ class WakeUp:
         return bool(stale or added)
 
     def wait(self, timeout: float) -> None:
-        """Until a file event that matters (and :data:`COALESCE` more), :attr:`event` or ``timeout``;
-        takes every event queued."""
-        deadline = time.monotonic() + timeout
+        """Until a file event that matters (then :data:`COALESCE` more, or until :attr:`interval`
+        after the last return, whichever is later, but not past ``timeout``), :attr:`event` or
+        ``timeout``; takes every event queued."""
+        self._wait(time.monotonic() + timeout)
+        self._returned = time.monotonic()
+
+    def _wait(self, deadline: float) -> None:
         while True:
             ready = {fd for fd, _ in self._poller.poll(max(0.0, deadline - time.monotonic()) * 1000)}
             if self.event.read_fd in ready and self.event.take():
                 return
             if self._inotify is not None and self._inotify.fd in ready:
-                time.sleep(COALESCE)  # the rest of the burst: its events are read with the first one's
+                # the rest of the burst, and what comes until the next read is due: all read in one round
+                pause = max(COALESCE, min(self._returned + self.interval, deadline) - time.monotonic())
+                if self._bell.poll(pause * 1000) and self.event.take():  # a signal does not wait for it
+                    return
                 if self._take_events():
                     return
             if not ready or time.monotonic() >= deadline:

@@ -116,7 +116,7 @@ def run_daemon(config: SidecarConfig) -> int:
     settings = settings_from(config, live=True, on_alert=on_alert)
     engine = Engine(settings)
     notifier = Notifier()
-    wake = WakeUp(config.paths, config.out, config.poll)
+    wake = WakeUp(config.paths, config.out, config.poll, config.min_read_interval)
     signals = _Signals(wake.event)
     collector = None
     if config.metrics_port is not None:

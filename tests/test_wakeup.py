@@ -83,9 +83,11 @@ def test_interval_zero_takes_every_burst(tree: Path) -> None:
     wake = _wake(tree, interval=0.0)
     try:
         wake.wait(0)
-        for _ in range(5):
+        took = 0.0
+        for _ in range(10):
             _append(tree)
-            assert _timed_wait(wake) < 0.4
+            took += _timed_wait(wake)
+        assert took < 1.0  # about 5 ms each
     finally:
         wake.stop()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,25 +93,22 @@ def test_interval_zero_takes_every_burst(tree: Path) -> None:
         wake.stop()
 
 
-def test_a_signal_does_not_wait_for_the_batch(tree: Path) -> None:
+@pytest.fixture
+def batching(tree: Path) -> Iterator[WakeUp]:
+    """A write read just now, and another one: the next read is due in 30 s."""
     wake = _wake(tree, interval=30.0)
-    try:
-        _append(tree)
-        wake.wait(10)
-        _append(tree)  # the next read is due in 30 s
-        threading.Timer(0.3, wake.event.set).start()  # SIGTERM's relay rings the bell
-        assert _timed_wait(wake) < 5
-    finally:
-        wake.stop()
+    _append(tree)
+    wake.wait(10)
+    _append(tree)
+    yield wake
+    wake.stop()
 
 
-def test_the_batch_ends_with_the_callers_timeout(tree: Path) -> None:
+def test_a_signal_does_not_wait_for_the_batch(batching: WakeUp) -> None:
+    threading.Timer(0.3, batching.event.set).start()  # SIGTERM's relay rings the bell
+    assert _timed_wait(batching) < 5
+
+
+def test_the_batch_ends_with_the_callers_timeout(batching: WakeUp) -> None:
     """The loop's timeout is a promise too (a held record due, systemd's watchdog ping)."""
-    wake = _wake(tree, interval=30.0)
-    try:
-        _append(tree)
-        wake.wait(10)
-        _append(tree)
-        assert 0.25 <= _timed_wait(wake, timeout=0.3) < 5
-    finally:
-        wake.stop()
+    assert 0.25 <= _timed_wait(batching, timeout=0.3) < 5

@@ -11,7 +11,8 @@ reading, and offsets only advance past what was written. Each iteration:
     the companion wait while a record is held (a head whose bar never comes is still due)
 
 With file events, a round that read everything there was waits for the next event rather than
-looking again (events that came meanwhile end the wait at once). Polling, once nothing has been
+looking again (events that came meanwhile end the wait at once), and the next read comes no
+sooner than ``--min-read-interval`` after the last (:class:`~sidecar.following.wakeup.WakeUp`). Polling, once nothing has been
 read for ``QUIET_AFTER`` seconds the waits and the rescans back off, and so does the look at
 each file that has not grown for that long (:attr:`sidecar.following.tailer.FileTail.backoff`):
 a thousand idle files cost under 1% of a core. The first line read puts them back to their

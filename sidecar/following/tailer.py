@@ -247,8 +247,9 @@ class FileTail:
         except OSError:
             return True
 
-    def stat(self) -> os.stat_result:
-        return os.fstat(self._open())
+    def unread(self) -> int:
+        """Bytes after the offset right now (a fresh ``fstat``; none if the file shrank below it)."""
+        return max(os.fstat(self._open()).st_size - self.offset, 0)
 
     def close(self) -> None:
         if self._fd is not None:

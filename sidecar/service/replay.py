@@ -73,7 +73,7 @@ def _progress(total: int, show: bool) -> Any:
 
 
 def _unread(engine: Engine) -> int:
-    return sum(s.tail.stat().st_size - s.tail.offset for s in engine.sources.values())
+    return sum(s.tail.unread() for s in engine.sources.values())
 
 
 def _replay_here(engine: Engine, bar: Any, checkpoint_every: float) -> None:

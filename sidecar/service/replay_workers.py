@@ -100,7 +100,7 @@ def shares(engine: Engine, jobs: int | None, every: int) -> list[set[int]] | Non
     sizes: dict[int, int] = {}
     for source in engine.sources.values():
         rank = source.candidate.rank
-        sizes[rank] = sizes.get(rank, 0) + max(source.tail.stat().st_size - source.tail.offset, 0)
+        sizes[rank] = sizes.get(rank, 0) + source.tail.unread()
     if len(sizes) < 2 or jobs is None and sum(sizes.values()) < PARALLEL_FROM:
         return None
     groups: list[tuple[int, set[int]]] = [(0, set()) for _ in range(min(wanted, len(sizes)))]
@@ -349,7 +349,7 @@ def _interrupted(engine: Engine, workers: list[_Worker]) -> None:
     docstring). Anything going wrong on the way (a worker gone, a second Ctrl-C) leaves no checkpoint."""
     try:
         for worker in workers:
-            worker.conn.send(STOP)
+            _send(worker, STOP)
         deadline = time.monotonic() + STOP_WAIT
         for worker in workers:
             while True:

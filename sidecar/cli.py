@@ -100,7 +100,7 @@ def _watch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll-interval", type=float, help="seconds between file checks (default 0.25)")
     parser.add_argument("--min-read-interval", type=float, metavar="SECONDS",
                         help="with inotify, the least time between two reads: lines written faster are read in "
-                        "batches, for less CPU (default 0.2; 0: every burst at once)")
+                        "batches, for less CPU and up to this much delay (default 0.08; 0: every burst at once)")
     parser.add_argument("--rescan-interval", type=float, help="seconds between looks for new files (default 1)")
     parser.add_argument("--checkpoint-interval", type=float, help="seconds between offset checkpoints (default 5)")
     parser.add_argument("--from-end", action="store_true", default=None,

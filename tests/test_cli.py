@@ -1,8 +1,10 @@
-"""The command-line contract: exit codes, one-line errors without tracebacks, summary, config file."""
+"""The command-line contract: exit codes, one-line errors without tracebacks, summary, config file,
+and the defaults that --help and the README state."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -11,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import __version__
+from sidecar import __version__, cli
+from sidecar.service.config import SidecarConfig
 from tb_read import scalars
 
 VERSIONS = Path(__file__).parent / "fixtures" / "versions"
@@ -188,3 +191,31 @@ def test_help_and_version() -> None:
     for flag in ("--version", "-V"):
         proc = run(flag)
         assert proc.returncode == 0 and proc.stdout == f"mstb-sidecar {__version__}\n"
+
+
+@pytest.mark.parametrize("command", ["watch", "replay", "check"])
+def test_the_defaults_help_states_are_the_configurations(command: str) -> None:
+    """``--help`` says a default in words ("(default 0.25)"); the configuration model holds the one
+    that applies. Every option whose help states a number must state the model's (``--min-read-
+    interval`` said 0.2 after its default became 0.08)."""
+    parser = {"watch": cli._watch_parser, "replay": cli._replay_parser, "check": cli._check_parser}[command]()
+    stated = {}
+    for action in parser._actions:
+        m = re.search(r"\(default ([0-9]+(?:\.[0-9]+)?)( MiB)?[;:)]", action.help or "")
+        if m and action.dest in SidecarConfig.model_fields:
+            stated[action.dest] = float(m.group(1)) * (1 << 20 if m.group(2) else 1)
+    assert len(stated) >= {"watch": 10, "replay": 4, "check": 1}[command], stated  # the check is not vacuous
+    assert stated == {name: float(SidecarConfig.model_fields[name].default) for name in stated}
+
+
+def test_the_readme_options_table_states_the_configurations_defaults() -> None:
+    """The README's table of live options gives each default in seconds; they are the model's."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("\n\n")
+    table = next(block for block in readme if "| `--min-read-interval` |" in block)
+    stated = {}
+    for row in table.splitlines():
+        m = re.match(r"\| `--([a-z-]+)` \| ([0-9]+(?:\.[0-9]+)?) s \|", row)
+        if m:
+            stated[m.group(1).replace("-", "_")] = float(m.group(2))
+    assert len(stated) >= 7, stated
+    assert stated == {name: float(SidecarConfig.model_fields[name].default) for name in stated}

@@ -14,9 +14,9 @@ step 1 only: what batching the reads buys and what it costs in latency):
    ``--rate`` times a second for ``--seconds``; the daemon's CPU (the run time of all its
    threads, in nanoseconds from ``/proc/<pid>/task/*/schedstat``: ``/proc/<pid>/stat`` counts
    10 ms ticks, which is +-7% of a 20 s rep and rounds a one-second smoke run to 0) per 1,000
-   lines appended, and the latency from the ``write`` of a
-   step's last line to the moment rank 0's event file holds its ``loss`` (a reader woken by
-   inotify when the daemon writes there; TensorBoard reads the same bytes);
+   lines appended, and the latency from the ``write`` of a step's last line to the moment rank
+   0's event file holds its ``loss`` (a reader woken by inotify when the daemon writes there;
+   TensorBoard reads the same bytes);
 2. idle: ``--idle-files`` logs that do not grow, followed with inotify and with ``--poll``; the
    daemon's CPU over ``--idle-seconds``, ``--idle-after`` seconds after it has read them, as a
    share of one core;

@@ -194,7 +194,7 @@ class WakeUp:
     last :meth:`take_structure_change`, i.e. a rescan is due now rather than at the next reconcile.
     """
 
-    def __init__(self, roots: list[Path], out: Path, poll_only: bool, interval: float = 0.0) -> None:
+    def __init__(self, roots: list[Path], out: Path, poll_only: bool, interval: float) -> None:
         self.event = _Bell()
         self.interval = interval
         self._returned = float("-inf")  # when wait() last returned: the loop read then

@@ -14,7 +14,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -123,7 +125,9 @@ def test_journald_gets_no_timestamps_and_json_is_one_object_per_line(tmp_path: P
     entries = [json.loads(line) for line in proc.stderr.splitlines()]
     assert len(entries) == 1 and entries[0]["level"] == "warning" and entries[0]["logger"] == "sidecar.service.replay"
     assert entries[0]["message"].startswith("no mindformers step record was recognised in the 1 line(s)")
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}", entries[0]["time"])
+    stamp = entries[0]["time"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d", stamp)  # with its zone
+    assert abs(datetime.fromisoformat(stamp).timestamp() - time.time()) < 120
 
 
 def _free_port() -> int:

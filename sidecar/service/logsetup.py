@@ -2,7 +2,8 @@
 
 Text lines carry a timestamp, except under journald (``$JOURNAL_STREAM`` names our stderr),
 which stamps every line itself; ``--log-format json`` writes one object per line for log
-shippers. ``-v`` shows the sidecar's own decisions; the file-event library's debug chatter
+shippers, its ``time`` in RFC 3339 with the UTC offset (a shipper on another host, or after a
+summer-time change, must not have to guess the zone). ``-v`` shows the sidecar's own decisions; the file-event library's debug chatter
 (every inotify event) stays hidden, as it says nothing about what the sidecar did.
 
 A diverging run can produce a NaN warning every step on every rank; journald drops a service's
@@ -18,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from datetime import datetime
 
 
 class RateLimit(logging.Filter):
@@ -46,7 +48,7 @@ class RateLimit(logging.Filter):
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "time": datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

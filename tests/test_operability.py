@@ -54,10 +54,12 @@ def job_tree(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("mode", MODES)
 def test_watch_path_that_does_not_exist_yet_is_waited_for(tmp_path: Path, mode: str) -> None:
     job = tmp_path / "job" / "output"
-    sidecar = Sidecar([job], tmp_path / "out", mode, tmp_path, "--wait-grace", "0.5")
+    sidecar = Sidecar([job], tmp_path / "out", mode, tmp_path, "--wait-grace", "3")
     try:
         sidecar.start()
         wait_until(lambda: "still does not exist" in sidecar.stderr(), 15, "the grace warning")
+        # when the grace runs out, not at the loop's next reconcile (10 s with file events)
+        assert re.search(r"still does not exist after [34] s", sidecar.stderr()), sidecar.stderr()
         assert sidecar.running()
         shutil.copytree(GRAPH, job)
         for rank in (0, 1):

@@ -239,8 +239,8 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
         notifier.healthy()
         if idle:
             wait = min(idle_wait, config.companion_wait) if holding else idle_wait
-            stall = engine.alerts.next_check(now)  # a stall alert is due by then
-            wait = wait if stall is None else min(wait, stall + 0.05)
+            for due in (engine.alerts.next_check(now), waiting.next_check(now)):  # a stall alert, the missing-path warning
+                wait = wait if due is None else min(wait, due + 0.05)
             if notifier.enabled and stale:
                 wait = min(wait, next_notify - now)  # systemd's status is brought up to date once quiet
             wake.wait(max(0.0, min(wait, next_status - now)))

@@ -80,6 +80,13 @@ class Waiting:
                         "job has started. Still waiting.", ", ".join(map(str, self.missing)), now - self._since)
         return bool(appeared)
 
+    def next_check(self, now: float) -> float | None:
+        """Seconds until the missing-path warning is due (the loop must wake by then, however
+        long it would otherwise wait), or None when nothing is due."""
+        if not self.missing or self._warned:
+            return None
+        return max(0.0, self._since + self._grace - now)
+
 
 class Decisions:
     """Logs at debug level (``-v``) what changed in the engine since the last look."""

@@ -124,7 +124,8 @@ def _paths_parser(command: str, description: str) -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="training output directories or log files")
+    parser.add_argument("paths", type=Path, nargs="*", metavar="PATH",
+                        help="training output directories or log files (default: watch: of --config)")
     return parser
 
 
@@ -207,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
 
     config_file = ns.pop("config")
     once = bool(ns.pop("once", False))
+    if command in ("replay", "check") and not ns["paths"]:
+        if config_file is None:
+            parser.error("the following arguments are required: PATH")
+        ns["paths"] = None  # the config file's watch:
     try:
         if command == "check":
             ns["out"] = Path(".")  # required by the settings; check never writes
@@ -214,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             from sidecar.analysis.job_aggregate import JOB
 
             ns["paths"], ns["instance"] = [Path(".")], JOB  # it reads --out only, and writes as instance "job"
-        config = load_config(ns, config_file)
+        config = load_config(ns, config_file, "--watch PATH" if command == "watch" else "PATH (or watch: in --config)")
         setup_logging(config.quiet, config.verbose, config.log_format)
         if command in ("replay", "check"):  # live mode waits for paths that do not exist yet
             check_paths(config)

@@ -117,6 +117,36 @@ def test_config_reports_every_error_under_the_key_as_written_with_a_did_you_mean
     ]
 
 
+def test_a_typo_inside_the_alerts_section_keeps_its_spelling_and_gets_a_did_you_mean(tmp_path: Path) -> None:
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text("alerts:\n  los-spike:\n    window: 5\n  stall:\n    secnds: 3\n  grad_norm_spik: {}\n")
+    proc = run("--watch", str(tmp_path), "--out", str(tmp_path / "o"), "--config", str(cfg))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert sorted(proc.stderr.splitlines()) == sorted([
+        f"mstb-sidecar: error: {cfg}: 'alerts.los-spike': unknown option; did you mean 'loss-spike'?",
+        f"mstb-sidecar: error: {cfg}: 'alerts.stall.secnds': unknown option; did you mean 'min_seconds'?",
+        f"mstb-sidecar: error: {cfg}: 'alerts.grad_norm_spik': unknown option; did you mean 'grad_norm_spike'?",
+    ])
+
+
+def test_replay_and_check_read_the_paths_from_the_config_files_watch(tmp_path: Path) -> None:
+    log = tmp_path / "rank_3" / "info.log"
+    log.parent.mkdir()
+    shutil.copy(VERSIONS / "r0.7" / "output" / "log" / "rank_0" / "info.log", log)
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text(f"watch: {tmp_path / 'rank_3'}\nout: {tmp_path / 'o'}\n")
+    proc = run("replay", "--config", str(cfg))
+    assert proc.returncode == 0, proc.stderr
+    assert scalars(tmp_path / "o" / "rank_3")["loss"]
+    assert run("check", "--config", str(cfg)).returncode == 0
+    cfg.write_text(f"out: {tmp_path / 'o'}\n")
+    proc = run("replay", "--config", str(cfg))
+    assert proc.returncode == 2
+    assert one_line_error(proc) == "mstb-sidecar replay: error: PATH (or watch: in --config): required"
+    proc = run("replay", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "the following arguments are required: PATH" in proc.stderr
+
+
 def test_config_keys_are_the_long_option_names_with_dash_or_underscore(tmp_path: Path) -> None:
     log = tmp_path / "rank_2" / "info.log"
     log.parent.mkdir()

@@ -146,13 +146,15 @@ _ALIASES = {"watch": ("paths", False), "no_aggregate": ("aggregate", True), "no_
 _HIDDEN = {"paths", "aggregate", "progress"}  # set through an alias, not under this name
 
 
-def load_config(cli: dict[str, object], config_file: Path | None) -> SidecarConfig:
-    """Merge the YAML file (if any) under the command-line values and validate."""
+def load_config(cli: dict[str, object], config_file: Path | None, paths_option: str = "--watch PATH") -> SidecarConfig:
+    """Merge the YAML file (if any) under the command-line values and validate. ``paths_option``
+    names the paths in a message (``replay`` and ``check`` take them as arguments)."""
     merged: dict[str, object] = {}
     written: dict[str, str] = {}  # field -> the YAML key as the user wrote it
     problems: list[str] = []
+    raw: dict[str, object] = {}  # the file as written, for naming keys inside sections
     if config_file is not None:
-        merged, written, problems = _read_yaml(config_file)
+        merged, written, problems, raw = _read_yaml(config_file)
     merged.update({k: v for k, v in cli.items() if v is not None})
     for key in cli:
         if cli[key] is not None:
@@ -160,14 +162,14 @@ def load_config(cli: dict[str, object], config_file: Path | None) -> SidecarConf
     try:
         config = SidecarConfig.model_validate(merged)
     except ValidationError as exc:
-        problems += [_describe(err, written, config_file) for err in exc.errors()]
+        problems += [_describe(err, written, config_file, raw, paths_option) for err in exc.errors()]
         config = None
     if problems or config is None:
         raise ConfigError("\n".join(dict.fromkeys(problems)))
     return config
 
 
-def _read_yaml(config_file: Path) -> tuple[dict[str, object], dict[str, str], list[str]]:
+def _read_yaml(config_file: Path) -> tuple[dict[str, object], dict[str, str], list[str], dict[str, object]]:
     import yaml  # here, not at the top: 11 ms of start-up that only --config needs
 
     try:
@@ -200,17 +202,30 @@ def _read_yaml(config_file: Path) -> tuple[dict[str, object], dict[str, str], li
             value = not value
         values[field] = value
         written[field] = str(key)
-    return values, written, problems
+    return values, written, problems, loaded
 
 
-def _describe(err: dict, written: dict[str, str], config_file: Path | None) -> str:
-    """One problem, named as the user wrote it: the YAML key (with the file), else the option."""
+def _describe(err: dict, written: dict[str, str], config_file: Path | None, raw: dict[str, object],
+              paths_option: str) -> str:
+    """One problem, named as the user wrote it: the YAML key (with the file), else the option.
+    An unknown key inside a section (``alerts: {los-spike: ...}``) keeps its spelling and gets a
+    did-you-mean among that section's keys."""
     field = str(err["loc"][0]) if err["loc"] else ""
-    detail = ".".join(str(p) for p in err["loc"][1:])
     msg = "required" if err["type"] == "missing" else err["msg"]
     if field in written:
-        return f"{config_file}: '{written[field]}{'.' + detail if detail else ''}': {msg}"
-    option = {"paths": "--watch PATH", "out": "--out DIR"}.get(field, "--" + field.replace("_", "-"))
+        path, node, model = [written[field]], raw.get(written[field]), SidecarConfig.model_fields[field].annotation
+        for part in err["loc"][1:]:
+            key = next((k for k in node if str(k).replace("-", "_") == part), part) if isinstance(node, dict) else part
+            path.append(str(key))
+            fields = getattr(model, "model_fields", {})  # the section's known keys
+            if err["type"] == "extra_forbidden" and part == err["loc"][-1]:
+                close = difflib.get_close_matches(str(part), list(fields), n=1)
+                hint = close[0].replace("_", "-" if "-" in str(key) else "_") if close else None
+                msg = "unknown option" + (f"; did you mean '{hint}'?" if hint else "")
+            node = node.get(key) if isinstance(node, dict) else None
+            model = fields[part].annotation if part in fields else None
+        return f"{config_file}: '{'.'.join(path)}': {msg}"
+    option = {"paths": paths_option, "out": "--out DIR"}.get(field, "--" + field.replace("_", "-"))
     return f"{option}: {msg}"
 
 

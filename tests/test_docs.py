@@ -4,7 +4,7 @@
 - every ``mstb-sidecar ...`` command line in a code block (and in inline code) parses with the real
   command's argument parser and passes the configuration model, so a renamed option fails here;
 - every YAML block that is a sidecar configuration loads;
-- the README's first command, the replay summary and ``check``'s table are run and compared;
+- the README's first command, the replay summary, ``check``'s table and the job aggregate are run;
 - the README stays a five-minute read (under 300 lines).
 """
 
@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from fidelity import COMPARED_TAGS, compare_run, load_truth
+from tb_read import scalars
 from sidecar import cli
 from sidecar.service.config import SidecarConfig, load_config
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE = ROOT / "tests" / "fixtures" / "real" / "mf1.9-dp2"
 EXE = [sys.executable, "-m", "sidecar.cli"]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # any cwd
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 PARSERS = {"replay": cli._replay_parser, "check": cli._check_parser, "aggregate": cli._aggregate_parser}
 # What the docs write for a value in a synopsis (`--every N`), and a value that parses in its place.
@@ -189,7 +191,7 @@ def test_the_readmes_first_command_replays_the_bundled_example_as_documented(tmp
     and the summary that docs/replay.md shows, but for the time and the host name."""
     [args] = [a for a in _commands(_readme_block()) if a[:1] == ["replay"]]
     (tmp_path / "tests").symlink_to(ROOT / "tests")
-    proc = subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ENV)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / args[args.index("--out") + 1]
     for rank, tags in load_truth(EXAMPLE / "tensorboard_truth.json").items():
@@ -217,7 +219,7 @@ def test_the_check_example_is_checks_output(tmp_path: Path) -> None:
     shutil.copytree(EXAMPLE / "output", tmp_path / "output")
     unreadable = tmp_path / "output" / "log" / "rank_1" / "info.log"
     unreadable.chmod(0)
-    proc = subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=ENV)
     if os.access(unreadable, os.R_OK):  # root reads it anyway
         shown = proc.stdout.replace("4 of 4", "3 of 4").splitlines()
         documented = [line for line in documented if "unreadable" not in line]
@@ -227,3 +229,18 @@ def test_the_check_example_is_checks_output(tmp_path: Path) -> None:
         shown = proc.stdout.splitlines()
         assert proc.returncode == 4
     assert shown == documented
+
+
+def test_the_job_aggregate_example_runs(tmp_path: Path) -> None:
+    """docs/many-ranks.md's ``mstb-sidecar aggregate --out ... --once``, on the bundled example's
+    runs: ``aggregate/job`` has the mean of both ranks' loss at every step."""
+    [args] = [a for _, a, whole in COMMANDS if whole and a[:1] == ["aggregate"] and "--once" in a]
+    out = tmp_path / "tb"
+    assert cli.main(["replay", str(EXAMPLE / "output"), "--out", str(out), "--quiet", "--no-aggregate"]) == 0
+    args = [str(out) if prev == "--out" else arg for prev, arg in zip(["", *args], args)]
+    proc = subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    ranks = [scalars(out / f"rank_{r}")["loss"] for r in (0, 1)]
+    mean = scalars(out / "aggregate" / "job")["loss/mean"]
+    assert sorted(mean) == list(range(1, 201))
+    assert all(mean[s] == pytest.approx((ranks[0][s] + ranks[1][s]) / 2, rel=1e-6) for s in mean)

@@ -739,6 +739,7 @@ class Engine:
 
     def hand_over(self) -> None:
         """The parent's side of :meth:`restrict`: workers read every file, none is read here."""
+        self.alerts.only(set())
         for source in self.sources.values():
             source.tail.close()
         self.sources.clear()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -124,6 +125,9 @@ def test_a_finished_job_is_not_stalled_and_a_silent_one_is(live: LiveEnv, tmp_pa
     assert job.stall_active(0) == 0 and job.stall_active(1) == 1
     assert job.state(0) == {"running": 0, "finished": 1, "failed": 0}
     assert job.state(1) == {"running": 1, "finished": 0, "failed": 0}
+    job.sidecar.proc.send_signal(signal.SIGUSR1)  # the status line
+    wait_until(lambda: re.search(r"status: .*last step 20 \(rank 0-1\), training finished \(rank 0\), lag 0 bytes",
+                                 job.sidecar.stderr()), 10, "the status line")
     rc, _ = job.sidecar.stop()
     assert rc == 0 and "Traceback" not in job.sidecar.stderr()
     shown = texts(live.out / "rank_0")
@@ -255,3 +259,17 @@ def test_a_nan_episode_open_at_a_kill_is_not_raised_again(live: LiveEnv, tmp_pat
     nan = sorted(a for a in job.hooked() if a[0] == "nan-loss")
     assert nan == [("nan-loss", "firing", 0), ("nan-loss", "firing", 1),
                    ("nan-loss", "resolved", 0), ("nan-loss", "resolved", 1)]
+
+
+def test_a_checkpoint_from_before_lifecycles_were_kept_still_loads(tmp_path: Path) -> None:
+    """Its runs have no ``alerts`` and it has no ``firing``: it loads as it did (no fresh start),
+    with no lifecycle or episode to restore."""
+    from sidecar.output.state import StateStore
+
+    store = StateStore(tmp_path, "test")
+    store.path.parent.mkdir(parents=True)
+    store.path.write_text(json.dumps({"version": 2, "files": [], "chains": {}, "summaries": {}, "aggregate": None,
+                                      "runs": {"0": {"name": "rank_0", "file": "", "size": 0,
+                                                    "watermarks": {"loss": 20}}}}))
+    state = store.load()
+    assert state.runs["0"].watermarks == {"loss": 20} and state.runs["0"].alerts is None and state.firing == []

@@ -385,9 +385,10 @@ class Alerts:
                 self.active[(rank, name)] = True
 
     def only(self, ranks: set[int]) -> None:
-        """Forget what was restored of ranks outside ``ranks`` (a replay worker's share)."""
+        """Forget what was restored of ranks outside ``ranks``: a replay worker's share, none in
+        the parent (the workers judge every rank; the ranks together stay)."""
         self.ranks = {rank: watch for rank, watch in self.ranks.items() if rank in ranks}
-        self.active = {key: on for key, on in self.active.items() if key[0] in ranks}
+        self.active = {key: on for key, on in self.active.items() if key[0] < 0 or key[0] in ranks}
 
     # -- sinks -----------------------------------------------------------------------------
     def _emit(self, alert: Alert) -> None:

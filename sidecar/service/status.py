@@ -58,10 +58,12 @@ def _last_steps(engine: Engine) -> str:
 
 
 def _ended(engine: Engine) -> str:
-    """``training finished (rank 0-6), failed (rank 7)``: ranks that are not running."""
+    """``training finished (rank 0-6), failed (rank 7)``: ranks written that are not running (as
+    the rank count and last steps, of this start; the metrics also show those restored)."""
     by_state: dict[Lifecycle, list[int]] = {}
-    for rank_id, watch in sorted(engine.alerts.ranks.items()):
-        if watch.lifecycle is not None and watch.lifecycle is not Lifecycle.RUNNING:
+    for rank_id in sorted(engine.ranks):
+        watch = engine.alerts.ranks.get(rank_id)
+        if watch is not None and watch.lifecycle is not None and watch.lifecycle is not Lifecycle.RUNNING:
             by_state.setdefault(watch.lifecycle, []).append(rank_id)
     said = [f"{state.value} (rank {rank_ranges(ranks, ',')})" for state, ranks in sorted(by_state.items())]
     return f"training {', '.join(said)}" if said else ""

@@ -37,7 +37,8 @@ _ERRORS = (
     "Traceback (most recent call last):",
     "terminate training",
     "stop training",
-    "exit with exception",
+    "exit with exception",  # msrun: "Worker process <pid> exit with exception. Error code: N."
+    "Distributed job exited with exception",  # and then its own RuntimeError
     "TREError",
 )
 # parse_marker_line finds nothing in a text that contains none of these.

@@ -28,6 +28,7 @@ TEXT_CHECKPOINT = "events/checkpoint"
 CONFIG = "config"
 PARALLEL_LAYOUT = "parallel-layout"
 ALERTS_PREFIX = "alerts/"
+LIFECYCLE_PREFIX = "events/lifecycle/"  # + finished, failed, running (again): parsers.lifecycle
 
 # Log key (lower-cased, as printed by any trainer) -> tag.
 KEY_TAGS: dict[str, str] = {

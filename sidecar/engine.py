@@ -60,7 +60,7 @@ from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, ParsedLine, PipelineLine, Record
 from sidecar.analysis.accounting import Accounting, Reason
 from sidecar.analysis.aggregate import CrossRankAggregator
-from sidecar.analysis.alerts import Alert, Alerts
+from sidecar.analysis.alerts import Alert, Alerts, LifecycleChange, WatchState
 from sidecar.analysis.detectors import AlertSettings, Group
 from sidecar.analysis.parallel_layout import LayoutNote
 from sidecar.analysis.sequencer import RankSequencer, Verdict
@@ -203,6 +203,8 @@ class Engine:
         self.accounting = Accounting()
         self.alerts = Alerts(settings.alerts, settings.live)
         self.alerts.sinks += [self._alert_event, *settings.alert_sinks]
+        self.alerts.lifecycle_sinks.append(self._lifecycle_event)
+        self._restore_alerts()
         self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
         self._other_runs: dict[str, RunWriter] = {}
         self._layouts: dict[int, LayoutNote] = {}  # per rank: what its log states of the parallel layout
@@ -673,15 +675,20 @@ class Engine:
         note = self._layouts.get(rank_id)
         if record.training_step and note is not None and (layout := note.take()) is not None:  # before the step
             rank.writer.write_values(record.step, record.wall_time or time.time(), [layout])
-        raised = self.alerts.raised
-        self.alerts.observe(rank_id, record, now, self.cross.compared_ranks() if self.cross is not None else set())
+        compared = self.cross.compared_ranks() if self.cross is not None else set()
         if record.training_step:
+            raised = self.alerts.raised
+            self.alerts.observe(rank_id, record, now, compared)
             thinner = rank.thinner
             if thinner is not None and not thinner.thin(record, self.alerts.raised != raised) and not record.texts:
                 self.accounting.thinned(rank_id)
                 return
             self.samples.twins(rank_id, record)
-        if rank.writer.write(record):
+            written = rank.writer.write(record)
+        else:  # written first: one the run already shows was read before a restart, and alerted on then
+            written = rank.writer.write(record)
+            self.alerts.observe(rank_id, record, now, compared, seen=not written)
+        if written:
             stats.tags.update(record.scalars)
             stats.tags.update(record.texts)
         elif not record.training_step:
@@ -696,6 +703,20 @@ class Engine:
         if self.aggregator is not None and alert.group in CROSS_RANK:
             self.aggregator.writer.write(record)
 
+    def _lifecycle_event(self, change: LifecycleChange) -> None:
+        """A rank's training finished, died or runs again: a text event at its step."""
+        tag = f"{tags.LIFECYCLE_PREFIX}{change.state.value}"  # one per state: a relaunch may run again at the finish's step
+        self.rank(change.rank).writer.write(Record(change.step, change.wall_time, texts={tag: change.line()}))
+
+    def _restore_alerts(self) -> None:
+        """The checkpoint's lifecycles and open alert episodes (:meth:`Alerts.restore`)."""
+        now, mine = time.monotonic(), self.settings.ranks
+        for key, run in self._restored.runs.items():
+            if run.alerts is not None and (mine is None or int(key) in mine):
+                self.alerts.restore(int(key), run.alerts, now)
+        if self._restored.firing:
+            self.alerts.restore(-1, WatchState(firing=self._restored.firing), now)
+
     def _lose(self, source: Source, exc: OSError) -> None:
         self.accounting.unreadable(source.tail.path, source.candidate.rank, exc)
         source.tail.close()
@@ -707,6 +728,7 @@ class Engine:
         """Become a worker's engine: read only the files of ``ranks``; what needs every rank (the
         aggregate, divergence) goes to ``cross``, which relays it to the parent."""
         self.settings.ranks = ranks
+        self.alerts.only(ranks)
         for identity, source in list(self.sources.items()):
             if source.candidate.rank not in ranks:
                 source.tail.close()
@@ -717,6 +739,7 @@ class Engine:
 
     def hand_over(self) -> None:
         """The parent's side of :meth:`restrict`: workers read every file, none is read here."""
+        self.alerts.only(set())
         for source in self.sources.values():
             source.tail.close()
         self.sources.clear()
@@ -762,6 +785,7 @@ class Engine:
             state.runs.update(part.runs)
             for key, streams in part.chains.items():
                 state.chains.setdefault(key, {}).update(streams)
+        handed = set(state.runs)
         for writer in self._extra_writers():
             writer.sync()
         if self.aggregator is not None:
@@ -781,6 +805,11 @@ class Engine:
             }
         for key, streams in self._restored.chains.items():
             state.chains.setdefault(key, {r: s for r, s in streams.items() if mine is None or int(r) in mine})
+        for key, run_state in state.runs.items():  # but those replay workers observed, and handed over
+            if key not in handed and (watch := self.alerts.snapshot(int(key))) is not None:
+                state.runs[key] = run_state.model_copy(update={"alerts": watch})
+        across = self.alerts.snapshot(-1)
+        state.firing = across.firing if across is not None else []
         for source in self.sources.values():
             file_state = self._file_state(source)
             if file_state is not None:

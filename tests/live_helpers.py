@@ -115,6 +115,10 @@ class RankLog:
         while view:
             view = view[os.write(self.fd, view):]
 
+    def say(self, message: str, level: str = "INFO", where: str = "[mindformers/trainer/base_trainer.py:1601] training_process:") -> None:
+        """One more logger line (a lifecycle marker, an error) in the file handler's format."""
+        self.write(f"[{level}] {self._stamp()} {where} {message}\n".encode())
+
     def go_back(self, step: int) -> None:
         """Training resumed from a checkpoint: the next step is ``step`` again, newer values."""
         self.segment += 1

@@ -159,3 +159,44 @@ def test_divergence_waits_for_every_rank_known_not_just_those_seen() -> None:
     for n in range(1, 11):
         alerts.observe(2, step(n, loss=9.0), 0.0, known)
     assert names([a for a in seen if a.name == "divergence"]) == [("divergence", None, 5, False)]
+
+
+def test_a_finish_or_a_death_ends_a_stall_and_no_stall_follows_until_a_step() -> None:
+    from parsers.assembler import ERROR_TAG
+    from sidecar.analysis.alerts import LifecycleChange
+
+    settings = AlertSettings.model_validate({"stall": {"min_seconds": 10}})
+    alerts, seen = watch(settings, live=True)
+    changes: list[LifecycleChange] = []
+    alerts.lifecycle_sinks.append(changes.append)
+    for n in range(1, 6):
+        alerts.observe(0, step(n), float(n))
+    alerts.check_stalls(20.0)
+    assert names(seen) == [("stall", 0, 5, False)]
+    alerts.observe(0, Record(5, None, texts={"events/training-over": "Training Over!"}), 21.0)
+    assert names(seen)[1:] == [("stall", 0, 5, True)] and seen[1].detail == "the training finished"
+    alerts.check_stalls(1000.0)
+    assert alerts.next_check(1000.0) is None and len(seen) == 2
+    alerts.observe(0, step(6), 1001.0)  # runs again: watched again
+    alerts.check_stalls(1012.0)
+    assert names(seen)[2:] == [("stall", 0, 6, False)]
+    alerts.observe(0, Record(6, None, texts={ERROR_TAG: "Traceback (most recent call last):"}), 1013.0)
+    assert names(seen)[3:] == [("stall", 0, 6, True), ("error", 0, 6, False)]
+    alerts.check_stalls(5000.0)
+    assert len(seen) == 5
+    assert [(c.state.value, c.step) for c in changes] == [("finished", 5), ("running", 6), ("failed", 6)]
+
+
+def test_a_restored_episode_is_not_raised_again_and_ends_once() -> None:
+    alerts, _ = watch(live=True)
+    for n in range(1, 11):
+        alerts.observe(0, step(n, loss=math.nan if n > 5 else 2.0), float(n))
+    saved = alerts.snapshot(0)
+    assert saved is not None and saved.firing == ["nan-loss"] and saved.last_step == 10
+    again, seen = watch(live=True)
+    again.restore(0, saved, 100.0)
+    for n in range(11, 16):
+        again.observe(0, step(n, loss=math.nan), 100.0 + n)
+    assert names(seen) == []
+    again.observe(0, step(16, loss=2.0), 120.0)
+    assert names(seen) == [("nan-loss", 0, 16, True)]

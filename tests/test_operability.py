@@ -153,8 +153,8 @@ def test_live_unreadable_directory_is_reported_in_log_status_and_metrics_then_re
         proc.send_signal(signal.SIGUSR1)
         wait_until(lambda: "status:" in err.read_text(), 10, "the status line")
         status = next(line for line in err.read_text().splitlines() if "status:" in line)
-        assert status.endswith("status: following 1 file(s), 1 rank(s), last step 16 (rank 0), lag 0 bytes, "
-                               "not written: 1 unreadable"), status
+        assert status.endswith("status: following 1 file(s), 1 rank(s), last step 16 (rank 0), training finished "
+                               "(rank 0), lag 0 bytes, not written: 1 unreadable"), status
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert 'mstb_sidecar_records_not_written_total{rank="1",reason="unreadable"} 1.0' in metrics
         (job / "log" / "rank_1").chmod(0o755)  # fixed: it is read without a restart
@@ -195,7 +195,7 @@ def test_periodic_status_and_verbose_decisions(tmp_path: Path) -> None:
         assert f"DEBUG: following {logs / f'rank_{rank}' / 'info.log'} as rank {rank}, from the start" in err
         assert f"DEBUG: rank {rank} found: writing {tmp_path / 'out' / f'rank_{rank}'}" in err
     assert f"DEBUG: {logs / 'rank_0' / 'info.log'} is now {logs / 'rank_0' / 'info.log.1'} (rotated)" in err
-    assert "status: following 2 file(s), 2 rank(s), last step 16 (rank 0-1), lag 0 bytes" in err
+    assert "status: following 2 file(s), 2 rank(s), last step 16 (rank 0-1), training finished (rank 0-1), lag 0 bytes" in err
     assert not [line for line in lines if "DEBUG" in line and "watchdog" in line.lower() or "Event" in line]
 
 

@@ -19,7 +19,18 @@ turn them into values.
 
 "Behind" compares ranks by what was read, so it is judged only when reading has caught up
 (live) or at the end of the input (replay): mid-backlog one rank's file is simply read first.
-Episodes live in memory: a restarted sidecar alerts again on trouble still going on.
+
+Each rank has a lifecycle (:mod:`parsers.lifecycle`): running, finished or failed. A finished or
+failed rank is not stalled: its stall clock stops (an open stall episode is resolved) until it
+logs a step again, and a relaunch that logs a start marker is judged from its first step, as a
+new job is. Every change but the first start is a :class:`LifecycleChange` for the sinks.
+
+What outlives a restart (:meth:`Alerts.snapshot`, checkpointed with the offsets that passed the
+records): each rank's lifecycle and last step, and which episodes are on, so that an episode
+raised before a SIGKILL is not raised again after it, only resolved once the trouble ends (the
+detectors' baselines start over). A restarted sidecar counts a running rank's wait for its next
+step from its own start. Records read again after a restart (the run already shows them) move
+the lifecycle but raise nothing.
 """
 
 from __future__ import annotations
@@ -32,8 +43,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from pydantic import BaseModel
+
 from parsers import tags
 from parsers.assembler import ERROR_TAG
+from parsers.lifecycle import Lifecycle, lifecycle_of
 from parsers.records import Record
 from sidecar.analysis.detectors import (
     AlertSettings,
@@ -80,7 +94,36 @@ class Alert:
                 "threshold": self.threshold, "detail": self.detail, "message": self.line()}
 
 
+@dataclass(frozen=True)
+class LifecycleChange:
+    """A rank's lifecycle moved (not its first start): ``text`` is the line that moved it."""
+
+    rank: int
+    step: int
+    state: Lifecycle
+    was: Lifecycle | None
+    text: str
+    wall_time: float | None
+
+    def line(self) -> str:
+        said = f": {self.text[:300]}" if self.text else ""
+        if self.state is Lifecycle.RUNNING:
+            had = f" (it had {self.was.value})" if self.was is not None else ""
+            return f"rank {self.rank}: training is running again at step {self.step}{had}{said}"
+        what = "finished" if self.state is Lifecycle.FINISHED else "died"
+        return f"rank {self.rank}: training {what} at step {self.step}{said}"
+
+
+class WatchState(BaseModel):
+    """What a rank's alerts need after a restart (see the module docstring)."""
+
+    lifecycle: Lifecycle | None = None
+    last_step: int | None = None
+    firing: list[str] = []  # alert names whose episode is on
+
+
 Sink = Callable[[Alert], None]
+LifecycleSink = Callable[[LifecycleChange], None]
 T = TypeVar("T")
 
 
@@ -110,6 +153,19 @@ class RankWatch:
         self.last_step: int | None = None
         self.arrived: float | None = None  # monotonic time of the latest step
         self.checkpoint_step: int | None = None
+        self.lifecycle: Lifecycle | None = None
+
+    def episodes(self) -> dict[str, Episode]:
+        """Alert name -> its episode, for those this rank judges."""
+        found = {f"nan-{metric}": nan for metric, nan, _ in self.checks if nan is not None}
+        found.update((f"{metric}-spike", spike.episode) for metric, _, spike in self.checks if spike is not None)
+        for name, detector in (("throughput-drop", self.drop), ("stall", self.stall)):
+            if detector is not None:
+                found[name] = detector.episode
+        if self.overflow is not None:
+            found["overflow"] = self.overflow
+        found["rank-behind"] = self.behind
+        return found
 
 
 class Alerts:
@@ -119,6 +175,7 @@ class Alerts:
         self.settings = settings or AlertSettings()
         self.live = live
         self.sinks: list[Sink] = [self._log]
+        self.lifecycle_sinks: list[LifecycleSink] = [self._log_lifecycle]
         self.counts: Counter[tuple[int, str]] = Counter()  # (rank or -1, name) -> alerts raised
         self.groups: Counter[Group] = Counter()
         self.active: dict[tuple[int, str], bool] = {}  # (rank or -1, name) -> firing now
@@ -141,13 +198,21 @@ class Alerts:
         return entry
 
     # -- per record ------------------------------------------------------------------------
-    def observe(self, rank: int, record: Record, now: float, loss_ranks: set[int] | None = None) -> None:
+    def observe(self, rank: int, record: Record, now: float, loss_ranks: set[int] | None = None,
+                seen: bool = False) -> None:
         """One record as written to the rank's run; ``loss_ranks``: whose loss the aggregate counts
-        (``None``: every rank), or an empty set for no divergence check (no aggregate)."""
+        (``None``: every rank), or an empty set for no divergence check (no aggregate). ``seen``:
+        a record without a training step that the run already shows (read again after a restart)."""
         watch = self.ranks.get(rank) or self.watch(rank)
+        state = lifecycle_of(record)
+        if state is not None:
+            if state is not watch.lifecycle:
+                self._lifecycle(rank, watch, state, record)
+            if not record.training_step and watch.stall is not None:
+                watch.stall.arrived = None  # finished, died or (re)starting: no stall before the next step
         if record.texts:
             error = record.texts.get(ERROR_TAG)
-            if error is not None and self.settings.errors.enabled:
+            if error is not None and self.settings.errors.enabled and not seen:
                 self._emit(Alert("error", Group.ERROR, rank, record.step, "log", None, "", error[:300],
                                  wall_time=record.wall_time))
             if tags.TEXT_CHECKPOINT in record.texts:
@@ -200,6 +265,20 @@ class Alerts:
             loss = scalars.get(tags.LOSS)
             if loss is not None:
                 self.loss_sink(rank, record.step, loss, record.wall_time, loss_ranks)
+
+    def _lifecycle(self, rank: int, watch: RankWatch, state: Lifecycle, record: Record) -> None:
+        was, watch.lifecycle = watch.lifecycle, state
+        stall = watch.stall
+        if state is not Lifecycle.RUNNING and stall is not None and stall.episode.update(False) == "end":
+            self._emit(Alert("stall", Group.STALL, rank, record.step, "step", None, "",
+                             f"the training {'finished' if state is Lifecycle.FINISHED else 'died'}",
+                             resolved=True, wall_time=record.wall_time))
+        if was is None and state is Lifecycle.RUNNING:
+            return  # the ordinary start
+        text = next(iter(record.texts.values()), "")
+        change = LifecycleChange(rank, record.step, state, was, text, record.wall_time)
+        for sink in self.lifecycle_sinks:
+            sink(change)
 
     def _level(self, name: str, group: Group, rank: int, record: Record, metric: str, value: float | None,
                verdict: str, threshold: float, detail: str) -> None:
@@ -277,6 +356,40 @@ class Alerts:
                if w.stall is not None and w.stall.arrived is not None and not w.stall.episode.active]
         return max(min(due), 0.0) if due else None
 
+    # -- across restarts -------------------------------------------------------------------
+    def snapshot(self, rank: int) -> WatchState | None:
+        """What :meth:`restore` needs of ``rank`` (``-1``: the ranks together), or ``None`` for a
+        rank nothing was observed of."""
+        watch = self.ranks.get(rank)
+        firing = sorted(name for (key, name), on in self.active.items() if key == rank and on)
+        if watch is None:
+            return WatchState(firing=firing) if firing else None
+        return WatchState(lifecycle=watch.lifecycle, last_step=watch.last_step, firing=firing)
+
+    def restore(self, rank: int, saved: WatchState, now: float) -> None:
+        """A checkpointed :meth:`snapshot` of ``rank``; its open episodes stay open (not raised
+        again), and a running rank's wait for its next step counts from ``now``."""
+        episodes = {"divergence": self._divergence} if rank < 0 else {}
+        if rank >= 0:
+            watch = self.watch(rank)
+            watch.lifecycle, watch.last_step = saved.lifecycle, saved.last_step
+            if saved.lifecycle is Lifecycle.RUNNING and saved.last_step is not None:
+                watch.arrived = now
+                if watch.stall is not None and self.live:
+                    watch.stall.arrived = now
+            episodes = watch.episodes()
+        for name in saved.firing:
+            episode = episodes.get(name)
+            if episode is not None:
+                episode.active, episode.idle = True, False
+                self.active[(rank, name)] = True
+
+    def only(self, ranks: set[int]) -> None:
+        """Forget what was restored of ranks outside ``ranks``: a replay worker's share, none in
+        the parent (the workers judge every rank; the ranks together stay)."""
+        self.ranks = {rank: watch for rank, watch in self.ranks.items() if rank in ranks}
+        self.active = {key: on for key, on in self.active.items() if key[0] < 0 or key[0] in ranks}
+
     # -- sinks -----------------------------------------------------------------------------
     def _emit(self, alert: Alert) -> None:
         key = (-1 if alert.rank is None else alert.rank, alert.name)
@@ -288,6 +401,10 @@ class Alerts:
             self.groups[alert.group] += 1
         for sink in self.sinks:
             sink(alert)
+
+    @staticmethod
+    def _log_lifecycle(change: LifecycleChange) -> None:
+        (log.warning if change.state is Lifecycle.FAILED else log.info)("%s", change.line())
 
     @staticmethod
     def _log(alert: Alert) -> None:

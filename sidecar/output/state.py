@@ -1,4 +1,7 @@
-"""The checkpoint: where each followed file was read to, and what each run already holds.
+"""The checkpoint: where each followed file was read to, what each run already holds, and what
+each rank's alerts need after a restart (lifecycle, last step, open episodes:
+:class:`sidecar.analysis.alerts.WatchState`; absent in checkpoints written before they were kept,
+which load as before).
 
 Written atomically (temp file, fsync, rename, fsync of the directory), and only after the
 event files were synced, so it never claims more than is durably on disk. A state file that
@@ -24,6 +27,7 @@ from typing import TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from sidecar.analysis.aggregate import AggregateState
+from sidecar.analysis.alerts import WatchState
 from sidecar.output.event_file import vanished
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,7 @@ class RunState(BaseModel):
     file: str = ""
     size: int = Field(0, ge=0)
     watermarks: dict[str, int] = {}
+    alerts: WatchState | None = None  # the rank's lifecycle and open alert episodes (None: before they were kept)
 
 
 class State(BaseModel):
@@ -65,6 +70,7 @@ class State(BaseModel):
     runs: dict[str, RunState] = {}
     summaries: dict[str, int] = {}  # MindSpore summary file "dev:ino" -> offset
     aggregate: AggregateState | None = None  # what the cross-rank aggregate still waits for
+    firing: list[str] = []  # alerts about the ranks together whose episode is on
 
 
 def instance_name(raw: str) -> str:

@@ -6,7 +6,8 @@ reading, and offsets only advance past what was written. Each iteration:
 
     rescan (when the tree changed, else every --rescan-interval polling or 60 s with file
     events) -> read new bytes of every file -> release held records -> make events visible
-    (write) -> checkpoint (every --checkpoint-interval: fsync, then state) -> ping the watchdog
+    (write) -> checkpoint (every --checkpoint-interval, after a read or an alert: fsync, then
+    state) -> ping the watchdog
     -> wait for a file event (10 s reconcile) or, polling, --poll-interval; never longer than
     the companion wait while a record is held (a head whose bar never comes is still due)
 
@@ -209,6 +210,7 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
             engine.forget_gone(config.rotate_quiet)
             next_scan = now + rescan_every
         decisions.observe(engine)
+        raised = engine.alerts.raised
         read = engine.pump(READ_BUDGET, now)
         if read:
             quiet, last_read = 0, now
@@ -218,7 +220,7 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
             quiet += 1
         holding = engine.tick(now)
         engine.flush()
-        dirty = dirty or read > 0
+        dirty = dirty or read > 0 or engine.alerts.raised != raised  # an episode opened by time (a stall) is kept too
         if dirty and now >= next_checkpoint:
             engine.checkpoint()
             dirty = False

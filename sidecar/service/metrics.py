@@ -1,7 +1,8 @@
 """Optional HTTP endpoint (``--metrics-port``): Prometheus metrics and health probes.
 
 - ``/metrics``: the sidecar's own figures, collected from the engine when Prometheus asks, so
-  the hot path pays nothing; ``mstb_sidecar_build_info{version,python}`` is 1.
+  the hot path pays nothing; ``mstb_sidecar_build_info{version,python}`` is 1;
+  ``mstb_sidecar_training_state{state}`` says whether each rank runs, finished or failed.
 - ``/healthz``: 200 while the main loop ran within its watchdog interval (systemd's
   ``WatchdogSec`` when set, else :data:`STALE_AFTER`), 503 once it did not: a stuck sidecar.
 - ``/readyz``: 200 once the first scan is done, 503 before.
@@ -29,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from parsers import tags
+from parsers.lifecycle import Lifecycle
 from sidecar import __version__
 from sidecar.engine import Engine
 from sidecar.service.notify import Notifier
@@ -123,6 +125,7 @@ class EngineCollector(Collector):
                     family.add_metric(key, value / 1000.0 if tag == tags.ITERATION_TIME else value)
         yield step
         yield since
+        yield self._lifecycle(engine)
         yield from families.values()
         active = GaugeMetricFamily("mstb_sidecar_alert_active",
                                    f"1 while an alert episode is on, and at least {ALERT_HOLD:g} s from its start "
@@ -134,6 +137,18 @@ class EngineCollector(Collector):
             held = now - alerts.started.get(key, -math.inf) < ALERT_HOLD
             active.add_metric([self.job, "all" if rank < 0 else str(rank), name], 1.0 if on or held else 0.0)
         yield active
+
+    def _lifecycle(self, engine: Engine) -> GaugeMetricFamily:
+        """One series per rank and state, 1 for the rank's current one (a Prometheus state set):
+        the shipped TrainingStalled rule does not page for a finished or failed rank."""
+        family = GaugeMetricFamily("mstb_sidecar_training_state",
+                                   "1 for the rank's lifecycle state (running, finished, failed), else 0",
+                                   labels=["training_job", "rank", "state"])
+        for rank, watch in sorted(engine.alerts.ranks.items()):
+            if watch.lifecycle is not None:
+                for state in Lifecycle:
+                    family.add_metric([self.job, str(rank), state.value], 1.0 if state is watch.lifecycle else 0.0)
+        return family
 
 
 class Probes:

@@ -12,6 +12,7 @@ import logging
 import time
 from pathlib import Path
 
+from parsers.lifecycle import Lifecycle
 from sidecar.analysis.aggregate import rank_ranges
 from sidecar.engine import Engine
 from sidecar.following.tailer import Identity
@@ -22,13 +23,17 @@ MAX_STEP_GROUPS = 4  # a 1024-rank job must still fit one line
 
 
 def status_line(engine: Engine, waiting: list[Path]) -> str:
-    """``following 4 file(s), 2 rank(s), last step 16 (rank 0-1), lag 0 bytes, not written: ...``"""
+    """``following 4 file(s), 2 rank(s), last step 16 (rank 0-1), training finished (rank 1), lag 0 bytes,
+    not written: ...``"""
     sources = list(engine.sources.values())
     lag = sum(max(s.tail.size - s.tail.offset, 0) for s in sources)
     parts = [f"following {len(sources)} file(s)", f"{len(engine.ranks)} rank(s)"]
     steps = _last_steps(engine)
     if steps:
         parts.append(f"last step {steps}")
+    ended = _ended(engine)
+    if ended:
+        parts.append(ended)
     parts.append(f"lag {lag} bytes")
     dropped = engine.accounting.describe()
     if dropped:
@@ -50,6 +55,18 @@ def _last_steps(engine: Engine) -> str:
     if len(groups) > MAX_STEP_GROUPS:
         groups = [*groups[:MAX_STEP_GROUPS - 1], f"... lowest {groups[-1]}"]
     return ", ".join(groups)
+
+
+def _ended(engine: Engine) -> str:
+    """``training finished (rank 0-6), failed (rank 7)``: ranks written that are not running (as
+    the rank count and last steps, of this start; the metrics also show those restored)."""
+    by_state: dict[Lifecycle, list[int]] = {}
+    for rank_id in sorted(engine.ranks):
+        watch = engine.alerts.ranks.get(rank_id)
+        if watch is not None and watch.lifecycle is not None and watch.lifecycle is not Lifecycle.RUNNING:
+            by_state.setdefault(watch.lifecycle, []).append(rank_id)
+    said = [f"{state.value} (rank {rank_ranges(ranks, ',')})" for state, ranks in sorted(by_state.items())]
+    return f"training {', '.join(said)}" if said else ""
 
 
 class Waiting:

@@ -53,11 +53,12 @@ from typing import Protocol
 
 from parsers import tags
 from parsers.custom_metrics import CustomMatcher, CustomMetric
-from parsers.fast_path import TIMED, Shapes
+from parsers.fast_path import TIMED, TORN, Shapes
 from parsers.line import text_of
 from parsers.prefix import Cut, Message
 from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, ParsedLine, PipelineLine, Record
+from parsers.torn import tears
 from sidecar.analysis.accounting import Accounting, Reason
 from sidecar.analysis.aggregate import CrossRankAggregator
 from sidecar.analysis.alerts import Alert, Alerts
@@ -476,9 +477,17 @@ class Engine:
         timed = None  # the last of them with a timestamp
         for start, raw in source.backlog[begin:end]:
             if classify is None:  # custom metrics look at every line, and a --rank-pattern labels any
+                if at := tears(raw, source.router.plain_lines):
+                    start, raw = self._torn(source, start, raw, at)
                 text, cut = text_of(raw), None
             else:
                 kind, text, cut = classify(raw)
+                if kind == TORN:
+                    if skipped:  # the torn pieces' labels move the router on
+                        self._skip(source, timed)
+                        skipped, timed = False, None
+                    start, raw = self._torn(source, start, raw, tears(raw))
+                    kind, text, cut = classify(raw)
                 if kind:
                     skipped = True
                     if kind == TIMED:
@@ -490,6 +499,17 @@ class Engine:
             self._line(source, start, text, now, cut)
         if skipped:
             self._skip(source, timed)
+
+    def _torn(self, source: Source, start: int, raw: bytes, at: list[int]) -> tuple[int, bytes]:
+        """A line that holds later log lines (:mod:`parsers.torn`): each piece before the last was
+        cut off by the next and is counted as malformed, under the rank its label names; the
+        last piece, where it starts, is read as the line."""
+        for begin, end in zip([0, *at], at):
+            rank, _ = source.router.route(text_of(raw[begin:end]))
+            self.accounting.drop(rank, Reason.MALFORMED)
+        log.warning("%s: a line cut off by the next one at byte %d is not read (a writer killed mid-line)",
+                    source.tail.path, start + at[-1], extra={"rate_key": "torn"})
+        return start + at[-1], raw[at[-1]:]
 
     def _skip(self, source: Source, timed: bytes | None) -> None:
         """What the full path does with a run of plain lines (the stream, the rank, the time of

@@ -11,6 +11,7 @@ lines after the odd ones back with TensorBoard's loaders: replay, and a live sid
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import subprocess
@@ -143,3 +144,27 @@ def test_live_sidecar_writes_edge_values_and_reads_on_after_them(live: LiveEnv) 
     rc, _ = sidecar.stop()
     assert rc == 0 and "Traceback" not in sidecar.stderr(), sidecar.stderr()
     _assert_shown(live.out, expected)
+
+
+def test_huge_integers_in_the_configuration_are_no_batch_size_and_never_end_a_replay(tmp_path: Path) -> None:
+    """A pprint dump whose global batch size has 401 digits and whose device count is 2**70: no
+    batch size or world size can be taken from them (``step x GBS`` is a step), the steps are
+    written, and the configuration keeps the huge value, as digits where a double cannot hold it."""
+    lines = ["{'runner_config': {'global_batch_size': %d}, 'device_num': %d, 'seed': %d}" % (10 ** 400, 1 << 70, 10 ** 400)]
+    prefix = "{ts} - mindformers[mindformers/core/callback/callback.py:318] - INFO - "
+    for step in range(1, 4):
+        ts = f"2026-11-29 10:00:0{step},000"
+        lines += [prefix.format(ts=ts) + f"{{ Epoch:[  1/  1], step:[{step:5d}/  100], loss: 2.5, per_step_time: 512ms",
+                  prefix.format(ts=ts) + _BAR]
+    log = tmp_path / "output" / "msrun_log" / "worker_0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(lines) + "\n")
+    done = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(tmp_path / "tb")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    run = tmp_path / "tb" / "rank_0"
+    assert dict(tb_points(run)) == {1: 2.5, 2: 2.5, 3: 2.5}
+    assert tb_points(run, "batch-size") == [] and not (run / "vs_samples").exists()
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["run"]["global_batch_size"] is None and meta["run"]["world_size"] is None
+    assert meta["settings"]["seed"] == 10 ** 400

@@ -478,7 +478,7 @@ class Engine:
         for start, raw in source.backlog[begin:end]:
             if classify is None:  # custom metrics look at every line, and a --rank-pattern labels any
                 if at := tears(raw, source.router.plain_lines):
-                    start, raw = self._torn(source, start, raw, at)
+                    raw = self._torn(source, start, raw, at)
                 text, cut = text_of(raw), None
             else:
                 kind, text, cut = classify(raw)
@@ -486,7 +486,7 @@ class Engine:
                     if skipped:  # the torn pieces' labels move the router on
                         self._skip(source, timed)
                         skipped, timed = False, None
-                    start, raw = self._torn(source, start, raw, tears(raw))
+                    raw = self._torn(source, start, raw, tears(raw))
                     kind, text, cut = classify(raw)
                 if kind:
                     skipped = True
@@ -500,16 +500,17 @@ class Engine:
         if skipped:
             self._skip(source, timed)
 
-    def _torn(self, source: Source, start: int, raw: bytes, at: list[int]) -> tuple[int, bytes]:
+    def _torn(self, source: Source, start: int, raw: bytes, at: list[int]) -> bytes:
         """A line that holds later log lines (:mod:`parsers.torn`): each piece before the last was
         cut off by the next and is counted as malformed, under the rank its label names; the
-        last piece, where it starts, is read as the line."""
+        last piece is read as the line, at the line's offset (a checkpoint never points inside
+        a line: a restart reads the whole line again and splits it again)."""
         for begin, end in zip([0, *at], at):
             rank, _ = source.router.route(text_of(raw[begin:end]))
             self.accounting.drop(rank, Reason.MALFORMED)
-        log.warning("%s: a line cut off by the next one at byte %d is not read (a writer killed mid-line)",
-                    source.tail.path, start + at[-1], extra={"rate_key": "torn"})
-        return start + at[-1], raw[at[-1]:]
+        log.warning("%s: the line at byte %d holds the start of another at byte %d (a writer killed mid-line); "
+                    "the part cut off is not read", source.tail.path, start, start + at[-1], extra={"rate_key": "torn"})
+        return raw[at[-1]:]
 
     def _skip(self, source: Source, timed: bytes | None) -> None:
         """What the full path does with a run of plain lines (the stream, the rank, the time of

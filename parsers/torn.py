@@ -20,6 +20,9 @@ What counts as a second prefix (the evidence), found anywhere after the line's o
   traceback line) is torn at its first prefix too. With a user ``--rank-pattern`` (``labels``
   false) the label's shape is unknown, so the first prefix is always taken as the line's own.
 
+Not guarded: a message that repeats a whole log line unquoted (a traceback that prints one) is
+split there too; its head is then counted as malformed, which the summary shows, never silent.
+
 A later line of a labelled stream carries its own label: the split is made before the label
 when one of the line's own kind ends where the prefix starts, so that the rest is routed to
 its rank. An OpenMPI label is bracketed, so where it starts is plain; an srun label is digits,

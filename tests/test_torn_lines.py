@@ -125,3 +125,31 @@ def test_a_whole_line_is_not_torn(line: str) -> None:
 ])
 def test_a_torn_line_is_split_where_the_next_line_starts(torn: str, at: int) -> None:
     assert tears(torn.encode()) == [at]
+
+
+@pytest.mark.parametrize("wake_mode", ["poll"])
+def test_a_sidecar_killed_while_the_resumed_head_waits_for_its_bar_reads_it_once(live: LiveEnv) -> None:
+    """The sidecar is SIGKILLed just after reading the torn line, whose rest is a head held for its
+    bar (for the companion wait): wherever its last checkpoint is, the restart reads the torn
+    line again from its first byte (a checkpoint never points inside a line) and step 41 is the
+    resumed job's, with one resume."""
+    name = "worker.log"
+    path = live.output / FORMATS[name][0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    before, after = torn_log(name)
+    head_41, rest = after.split(b"\n", 1)
+    sidecar = live.sidecar("--checkpoint-interval", "0.05")
+    path.write_bytes(before)
+    sidecar.start()
+    wait_until(lambda: 50 in dict(tb_points(live.out / "rank_0")), 15, "the first job's steps")
+    with open(path, "ab") as fh:
+        fh.write(head_41 + b"\n")  # its bar is not there yet
+    wait_until(lambda: "holds the start of another" in sidecar.stderr(), 15, "the torn line to be read")
+    sidecar.kill()
+    with open(path, "ab") as fh:
+        fh.write(rest)
+    sidecar.start()
+    wait_until(lambda: (60, loss(60, 1)) in tb_points(live.out / "rank_0"), 15, "the resumed job's steps")
+    rc, _ = sidecar.stop()
+    assert rc == 0 and "Traceback" not in sidecar.stderr(all_runs=True), sidecar.stderr(all_runs=True)
+    _assert_resumed(live.out)

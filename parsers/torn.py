@@ -35,13 +35,21 @@ bytes in, byte positions out.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from itertools import chain
 
-from parsers.prefix import LEVELS, TS
+from parsers.prefix import LEVELS
 from parsers.rank_labels import MPI_LABEL, SRUN_LABEL
 
-_PREFIX = re.compile(
-    rf"\[(?:{LEVELS})\] {TS} \[[^\]]*\] [\w<>.]*:|{TS} - [^\n]{{0,512}}? - (?:{LEVELS}) - ".encode()
-)
+# A prefix is found by its date, whose ``-`` is a literal the regex engine scans for quickly (most
+# characters of a line are no ``-``), then confirmed around it: the level before it (file
+# handler), or the name and level after it (stdout handler).
+_DATE = re.compile(rb"-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+_YEAR = 4  # digits before the date's first "-"
+_FILE_LEVEL = re.compile(rf"\[(?:{LEVELS})\] \Z".encode())  # ends where the timestamp starts
+_FILE_REST = re.compile(rb"\[[^\]]*\] [\w<>.]*:")
+_STDOUT_REST = re.compile(rf"- [^\n]{{0,512}}? - (?:{LEVELS}) - ".encode())
+_LEVEL_REACH = len("[CRITICAL] ")
 _MPI, _SRUN = re.compile(MPI_LABEL.encode()), re.compile(SRUN_LABEL.encode())
 _MPI_AT_END = re.compile(f"(?:{MPI_LABEL})\\Z".encode())
 _QUOTES = b"'\""
@@ -50,22 +58,38 @@ _LABEL_REACH = 64  # how far back from a prefix an OpenMPI label may start
 
 def tears(raw: bytes, labels: bool = True) -> list[int]:
     """Where each log line after the first starts in ``raw`` (empty: the line is whole)."""
-    found = _PREFIX.search(raw)
-    if found is None:
+    first = _DATE.search(raw, _YEAR)
+    if first is None:
         return []
-    own = found.start()
+    if _DATE.search(raw, first.end()) is None and (
+            first.start() == _YEAR or _FILE_LEVEL.fullmatch(raw, 0, first.start() - _YEAR) is not None):
+        return []  # the one date is at the line's start: its own prefix, if any (most lines)
+    prefixes = _prefixes(raw)
+    own = next(prefixes, None)
+    if own is None:
+        return []
     mpi = labels and own > 0 and _MPI.fullmatch(raw, 0, own) is not None
     srun = labels and own > 0 and not mpi and _SRUN.fullmatch(raw, 0, own) is not None
     at: list[int] = []
-    if not labels or own == 0 or mpi or srun:
-        found = _PREFIX.search(raw, found.end())  # the line's own prefix
-    while found is not None:
-        start = found.start()
+    for start in prefixes if not labels or own == 0 or mpi or srun else chain([own], prefixes):
         if mpi and (label := _MPI_AT_END.search(raw, max(0, start - _LABEL_REACH), start)) is not None:
             start = label.start()
         elif srun and start > own and _SRUN.fullmatch(raw, start - own, start) is not None:
             start -= own
         if start > 0 and raw[start - 1] not in _QUOTES and (not at or start > at[-1]):
             at.append(start)
-        found = _PREFIX.search(raw, found.end())
     return at
+
+
+def _prefixes(raw: bytes) -> Iterator[int]:
+    """Where each whole mindformers prefix in ``raw`` starts (see the module docstring)."""
+    found = _DATE.search(raw, _YEAR)
+    while found is not None:
+        date, after = found.start() - _YEAR, found.end()
+        if raw[date:found.start()].isdigit():
+            level = _FILE_LEVEL.search(raw, max(0, date - _LEVEL_REACH), date)
+            if level is not None and _FILE_REST.match(raw, after):
+                yield level.start()
+            elif _STDOUT_REST.match(raw, after):
+                yield date
+        found = _DATE.search(raw, after)

@@ -101,8 +101,10 @@ def mutated(draw: st.DrawFn) -> bytes:
 
 def parse_everything(raw: bytes) -> None:
     """One line through every parser; see the module docstring for what is checked."""
-    tears(raw)
-    tears(raw, labels=False)
+    for labels in (True, False):
+        at = tears(raw, labels)
+        assert at == sorted(set(at)) and all(0 < a < len(raw) for a in at)
+        assert not at or tears(raw[at[-1]:], labels) == [], "the rest of a torn line is whole (the engine reads it)"
     text = text_of(raw)
     kind, _ = classify(text)
     assert plain(text) == kind

@@ -42,6 +42,7 @@ import re
 
 from parsers.line import ERROR_LEVELS, NEEDLES, text_of
 from parsers.prefix import FILE_PREFIX, FOREIGN_PREFIX, STDOUT_PREFIX, Cut, cut_of, native_level
+from parsers.torn import tears
 
 # Blanks, lower-case letters, digits and the punctuation of ordinary text, most common first;
 # any other character (upper case, braces) is rarer than all of them.
@@ -85,7 +86,7 @@ def _digit_free(needle: str) -> str:
 _NEEDLE = _any_of({_rare_suffix(_digit_free(needle)) for needle in NEEDLES})
 
 
-NOT_PLAIN, TIMED, UNTIMED = 0, 1, 2
+NOT_PLAIN, TIMED, UNTIMED, TORN = 0, 1, 2, 3
 _NOTHING, _UNTIMED, _TIMED = (NOT_PLAIN, None), (UNTIMED, None), (TIMED, None)
 
 
@@ -118,7 +119,9 @@ KEEP_SHAPES = 4096
 
 class Shapes:
     """:func:`classify` for raw lines, its answer remembered per shape (see the module docstring),
-    and for a line that is not plain, where its prefix is (:func:`parsers.prefix.cut_of`)."""
+    and for a line that is not plain, where its prefix is (:func:`parsers.prefix.cut_of`). A line
+    that holds a second log line (:func:`parsers.torn.tears`, which tears lines of one shape
+    alike) is :data:`TORN`, whatever its parts are: the caller splits it and classifies the rest."""
 
     __slots__ = ("_known",)
 
@@ -127,18 +130,22 @@ class Shapes:
         self._known: dict[bytes, int | Cut | tuple[()]] = {}
 
     def classify(self, raw: bytes) -> tuple[int, str | None, Cut | None]:
-        """(kind, text, cut). A plain line (:data:`TIMED`, :data:`UNTIMED`) comes without its text;
-        another with its text and where its prefix is (``None``: it has none)."""
+        """(kind, text, cut). A plain line (:data:`TIMED`, :data:`UNTIMED`) or a torn one
+        (:data:`TORN`) comes without its text; another with its text and where its prefix is
+        (``None``: it has none)."""
         shape = raw.translate(SHAPE)
         known = self._known.get(shape)
         if known is not None:
             if isinstance(known, int):
                 return known, None, None
             return NOT_PLAIN, text_of(raw), known or None
+        if len(self._known) >= KEEP_SHAPES:
+            self._known.clear()
+        if tears(raw):
+            self._known[shape] = TORN
+            return TORN, None, None
         text = text_of(raw)
         kind, prefix = classify(text)
         cut = cut_of(prefix) if prefix is not None else None
-        if len(self._known) >= KEEP_SHAPES:
-            self._known.clear()
         self._known[shape] = kind or cut or ()
         return (kind, None, None) if kind else (NOT_PLAIN, text, cut)

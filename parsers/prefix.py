@@ -17,14 +17,14 @@ import re
 import time
 from dataclasses import dataclass
 
-_LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
-_TS = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
-FILE_PREFIX = re.compile(rf"\[({_LEVELS})\] ({_TS}) \[[^\]]*\] [\w<>.]*: ?(.*)", re.S)
-_STDOUT = re.compile(rf"(?:({_TS}) )?(?:- )?(?:\S.*? - )?({_LEVELS}) - (.*)", re.S)
-STDOUT_PREFIX = re.compile(rf"({_TS}) - .*? - ({_LEVELS}) - (.*)", re.S)
+LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
+TS = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
+FILE_PREFIX = re.compile(rf"\[({LEVELS})\] ({TS}) \[[^\]]*\] [\w<>.]*: ?(.*)", re.S)
+_STDOUT = re.compile(rf"(?:({TS}) )?(?:- )?(?:\S.*? - )?({LEVELS}) - (.*)", re.S)
+STDOUT_PREFIX = re.compile(rf"({TS}) - .*? - ({LEVELS}) - (.*)", re.S)
 # MindSpore native `[LEVEL] MOD(`, CANN `EZ9999[PID:`, MindIO `<date> <time>.uuuuuu level pid [TTP`.
 FOREIGN_PREFIX = re.compile(
-    rf"\[(?:{_LEVELS})\] [A-Z_]+\(|[A-Z]{{2}}\d{{4}}\[PID|\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{6}} "
+    rf"\[(?:{LEVELS})\] [A-Z_]+\(|[A-Z]{{2}}\d{{4}}\[PID|\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{6}} "
 )
 
 

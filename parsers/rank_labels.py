@@ -22,8 +22,10 @@ from pathlib import PurePath
 
 from parsers.values import parse_int64
 
-_SRUN = re.compile(r" *(\d+): (.*)", re.S)
-_MPI = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)", re.S)
+SRUN_LABEL = r" *(\d+): "
+MPI_LABEL = r"\[\d+,(\d+)\]<std(?:out|err)>: ?"
+_SRUN = re.compile(SRUN_LABEL + "(.*)", re.S)
+_MPI = re.compile(MPI_LABEL + "(.*)", re.S)
 _TAIL_HEADER = re.compile(r"==> (.+) <==\s*$")
 # An srun label is only believed in front of something that looks like a log line.
 _LOGGISH = re.compile(r"\d{4}-\d\d-\d\d |\[[A-Z]+\] |\{ |Epoch|- [A-Z]+ - |[A-Z]{2}\d{4}\[")

@@ -35,9 +35,11 @@ import ast
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass, field, fields
 
 from parsers.prefix import Message
+from parsers.values import INT64_MAX
 
 MAX_DUMP_BYTES = 4 << 20  # a pprint dump larger than this is dropped (counted), not parsed
 MAX_TEXT = 200  # longest string value shown as a hyperparameter
@@ -104,8 +106,9 @@ class RunConfig:
             out["world_size"] = _world_size(self.batch_factors, dump, parallel)
         if out["global_batch_size"] is None:
             runner = dump.get("runner_config") if isinstance(dump.get("runner_config"), dict) else {}
-            gbs = runner.get("global_batch_size")
-            out["global_batch_size"] = gbs if isinstance(gbs, int) and not isinstance(gbs, bool) else None
+            out["global_batch_size"] = runner.get("global_batch_size")
+        for name in ("global_batch_size", "world_size"):  # steps and rates are computed with them
+            out[name] = _count(out[name])
         return out
 
 
@@ -113,6 +116,13 @@ _FIELD_NAMES = frozenset(f.name for f in fields(RunConfig))
 _MERGED = ("batch_factors", "lr_schedule")  # several lines add to these
 _RAW = ("parallel_config", "recompute_config", "moe_config", "swap_config", "dump")
 _MODES = {0: "GRAPH_MODE", 1: "PYNATIVE_MODE"}
+
+
+def _count(value: object) -> int | None:
+    """A count the log states (a batch size, a number of devices): a positive integer that fits
+    int64, since steps are computed with it (``step x GBS``); anything else (``0``, ``-4``, a
+    400-digit number in a dump) is not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT64_MAX else None
 
 
 def _world_size(factors: dict[str, int], dump: dict, parallel: dict) -> int | None:
@@ -399,12 +409,18 @@ def config_hash(values: dict[str, Value]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
 
 
+_DOUBLE_MAX = int(sys.float_info.max)
+
+
 def hparams(values: dict[str, Value]) -> dict[str, str | float | bool]:
-    """The settings TensorBoard's HParams tab can show: no ``None``, strings cut at :data:`MAX_TEXT`."""
+    """The settings TensorBoard's HParams tab can show: no ``None``, strings cut at :data:`MAX_TEXT`,
+    an integer beyond a double (its numbers) as its digits."""
     out: dict[str, str | float | bool] = {}
     for key, value in values.items():
         if value is None:
             continue
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _DOUBLE_MAX:
+            value = str(value)
         if isinstance(value, str) and len(value) > MAX_TEXT:
             value = value[: MAX_TEXT - 1] + "…"
         out[key] = value

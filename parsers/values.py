@@ -11,7 +11,9 @@ Values that do not fit, decided per kind (a poison line must never raise):
   malformed (counted and skipped), since a step cannot be rounded to another step;
 - a metric value beyond the float range (``1e400``, a 400-digit number) is ``+inf``/``-inf``,
   which is what the printed number means; it is written, and the alerts report a non-finite
-  loss or grad norm like any other.
+  loss or grad norm like any other. One finite as a double but beyond float32 (``1e39``) is
+  kept as read; every event stores it as float32, i.e. as ``+inf``/``-inf``, and so does the
+  record's identity (:mod:`sidecar.analysis.sequencer`).
 """
 
 from __future__ import annotations

@@ -53,11 +53,12 @@ from typing import Protocol
 
 from parsers import tags
 from parsers.custom_metrics import CustomMatcher, CustomMetric
-from parsers.fast_path import TIMED, Shapes
+from parsers.fast_path import TIMED, TORN, Shapes
 from parsers.line import text_of
 from parsers.prefix import Cut, Message
 from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, ParsedLine, PipelineLine, Record
+from parsers.torn import tears
 from sidecar.analysis.accounting import Accounting, Reason
 from sidecar.analysis.aggregate import CrossRankAggregator
 from sidecar.analysis.alerts import Alert, Alerts, LifecycleChange, WatchState
@@ -478,9 +479,17 @@ class Engine:
         timed = None  # the last of them with a timestamp
         for start, raw in source.backlog[begin:end]:
             if classify is None:  # custom metrics look at every line, and a --rank-pattern labels any
+                if at := tears(raw, source.router.plain_lines):
+                    raw = self._torn(source, start, raw, at)
                 text, cut = text_of(raw), None
             else:
                 kind, text, cut = classify(raw)
+                if kind == TORN:
+                    if skipped:  # the torn pieces' labels move the router on
+                        self._skip(source, timed)
+                        skipped, timed = False, None
+                    raw = self._torn(source, start, raw, tears(raw))
+                    kind, text, cut = classify(raw)
                 if kind:
                     skipped = True
                     if kind == TIMED:
@@ -492,6 +501,18 @@ class Engine:
             self._line(source, start, text, now, cut)
         if skipped:
             self._skip(source, timed)
+
+    def _torn(self, source: Source, start: int, raw: bytes, at: list[int]) -> bytes:
+        """A line that holds later log lines (:mod:`parsers.torn`): each piece before the last was
+        cut off by the next and is counted as malformed, under the rank its label names; the
+        last piece is read as the line, at the line's offset (a checkpoint never points inside
+        a line: a restart reads the whole line again and splits it again)."""
+        for begin, end in zip([0, *at], at):
+            rank, _ = source.router.route(text_of(raw[begin:end]))
+            self.accounting.drop(rank, Reason.MALFORMED)
+        log.warning("%s: the line at byte %d holds the start of another at byte %d (a writer killed mid-line); "
+                    "the part cut off is not read", source.tail.path, start, start + at[-1], extra={"rate_key": "torn"})
+        return raw[at[-1]:]
 
     def _skip(self, source: Source, timed: bytes | None) -> None:
         """What the full path does with a run of plain lines (the stream, the rank, the time of

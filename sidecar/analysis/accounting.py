@@ -10,7 +10,8 @@ Reasons (nothing is dropped for any reason not on this list):
   carry the same records; a restart re-reads the tail after its checkpoint);
 - ``superseded``: a record of a training segment that a resume replaced (a lagging copy);
 - ``malformed``: a line that starts like a step record but does not parse, or whose step does
-  not fit (beyond int64);
+  not fit (beyond int64); or a line a writer killed mid-line left cut off: the last line of a
+  file, or a piece of a line that holds the start of the next (:mod:`parsers.torn`);
 - ``too-long``: a line over ``--max-line-bytes``;
 - ``thinned``: a training record none of whose points ``--every N`` keeps (an opted-in loss of
   resolution, :mod:`sidecar.output.thinning`);

@@ -347,7 +347,7 @@ class CrossRankAggregator:
             values = list(by_rank.values())
             if all(map(math.isfinite, values)):
                 finite = values
-                scalars[mean] = math.fsum(values) / len(values)
+                scalars[mean] = _mean(values)
             else:
                 finite = [v for v in values if math.isfinite(v)]
                 scalars[mean] = math.nan  # a non-finite rank must show, not be averaged away
@@ -399,3 +399,12 @@ def rank_ranges(ranks: set[int] | list[int], sep: str = ", ") -> str:
         else:
             runs.append([rank, rank])
     return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _mean(values: list[float]) -> float:
+    """The exact mean of finite values; their sum can overflow (two ranks at ``1e308``) where
+    the mean does not, so then the parts are divided first."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)

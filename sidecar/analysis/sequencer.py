@@ -49,6 +49,7 @@ from enum import Enum
 
 from parsers import tags
 from parsers.records import Record
+from sidecar.output.scalar_event import float32
 
 WINDOW = 2048
 
@@ -62,12 +63,13 @@ class Verdict(Enum):
     RESUME = "resume"
 
 
-_FLOAT32, _BITS = struct.Struct("<f"), struct.Struct("<I")
+_BITS = struct.Struct("<I")
 
 
 def identity(step: int, wall: float | None, loss: float | None) -> Identity:
-    """What makes two copies of a record the same record: step, timestamp, loss as float32."""
-    bits = None if loss is None else _BITS.unpack(_FLOAT32.pack(loss))[0]
+    """What makes two copies of a record the same record: step, timestamp, loss as float32, as
+    the event stores it (a finite loss beyond float32 is +-inf there and here: never raises)."""
+    bits = None if loss is None else _BITS.unpack(float32(loss))[0]
     return (step, wall, bits)
 
 

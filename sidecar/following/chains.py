@@ -29,6 +29,7 @@ from parsers.prefix import Cut, Message, PrefixSplitter
 from parsers.rank_labels import RankRouter
 from parsers.records import MalformedLine, ParsedLine, Record
 from parsers.run_config import StartupCollector
+from parsers.torn import tears
 from sidecar.analysis.sequencer import ChainCursor
 
 PEEK_BYTES = 4 << 20  # how far ahead a chain's first training step is looked for
@@ -102,6 +103,8 @@ def head_records(paths: list[Path], default_rank: int, rank_pattern: str | None,
     for path in paths:
         for raw in _lines(path, budget):
             budget -= len(raw) + 1
+            if at := tears(raw, router.plain_lines):  # read as the engine reads it (its _torn)
+                raw = raw[at[-1]:]
             rank, body = router.route(text_of(raw))
             stream = streams.setdefault(rank, Stream(math.inf))
             records = stream.feed(body, 0, 0.0, None)[1]

@@ -36,7 +36,7 @@ def encode(step: int, wall_time: float, scalars: dict[str, float]) -> bytes:
     try:
         summary = packer.pack(*args)
     except OverflowError:  # finite but beyond float32: C's conversion, and protobuf's, give inf
-        summary = b"".join(head + _float32(value) for head, value in zip(args[0::2], scalars.values()))
+        summary = b"".join(head + float32(value) for head, value in zip(args[0::2], scalars.values()))
     return b"".join((_WALL_TIME.pack(b"\x09", wall_time, b"\x10"), _varint(step), b"\x2a", _varint(len(summary)), summary))
 
 
@@ -58,7 +58,9 @@ def _head(tag: str) -> bytes:
     return _varint(1 << 3 | 2) + _varint(len(name) + 5) + name + b"\x15"
 
 
-def _float32(value: float) -> bytes:
+def float32(value: float) -> bytes:
+    """``value`` as the 4 bytes of a float32, as protobuf stores it: a finite value beyond the
+    float32 range is +-inf (never an ``OverflowError``), one below its smallest subnormal is +-0."""
     try:
         return _F32.pack(value)
     except OverflowError:

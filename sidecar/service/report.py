@@ -20,7 +20,7 @@ COLLAPSE = 3  # more tags than this under one prefix are listed as ``prefix/* (N
 SHORT = {  # the "not written" column's abbreviations, explained in the legend
     Reason.DUPLICATE: ("dup", "a copy of a record already written"),
     Reason.SUPERSEDED: ("sup", "from before a training resume"),
-    Reason.MALFORMED: ("bad", "a line that starts like a step record but does not parse"),
+    Reason.MALFORMED: ("bad", "a line that starts like a step record but does not parse, or a cut-off line"),
     Reason.TOO_LONG: ("long", "a line over --max-line-bytes"),
     Reason.THINNED: ("thin", "not kept by --every"),
     Reason.UNREADABLE: ("unread", "a file that could not be read"),

@@ -13,6 +13,7 @@ stay MindSpore-free.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import importlib
 import logging
@@ -63,7 +64,10 @@ class TensorBoardCallback(Callback):
     writes them in batches every ``WRITE_INTERVAL``. When the list is full, points are dropped
     and counted in ``dropped`` (one warning), never waited for. A writer error is logged once and
     sets ``disabled``; training goes on without the callback. Both are per ``model.train``: the
-    next training with the same callback starts afresh.
+    next training with the same callback starts afresh. A training that ends the process without
+    ending the training (Ctrl-C in a loop that drives the hooks, an uncaught exception) still has
+    every point handed over written: the writer is stopped and drained at interpreter exit
+    (``atexit``; its thread is a daemon, which exit would otherwise freeze mid-list).
 
     Step: ``cur_step_num`` plus the optimizer's ``global_step`` at the start of the training
     (minus ``cur_step_num`` there), i.e. mindformers' global step: a resumed or second-stage
@@ -173,6 +177,7 @@ class TensorBoardCallback(Callback):
                                         args=(self.run_dir, cb.cur_step_num + self._offset + 1,
                                               self._pending, self._stopping))
         self._thread.start()
+        atexit.register(self._stop)  # unregistered by _stop: one registration per training
 
     def _due(self, step: int) -> bool:
         return step - self._last_written >= self.every
@@ -258,6 +263,7 @@ class TensorBoardCallback(Callback):
         thread, self._thread = self._thread, None
         if thread is None:
             return
+        atexit.unregister(self._stop)
         self._stopping.set()
         thread.join(STOP_TIMEOUT)
         if thread.is_alive():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -375,6 +376,53 @@ def test_restart_from_an_earlier_step_supersedes_the_tail(tmp_path: Path) -> Non
     assert series["loss"] == {1: 1.0, 2: 2.0, 3: 30.0, 4: 40.0}
     assert series["throughput"].keys() == {1, 2, 3, 4}
     assert list(texts(tmp_path / "rank_3")["events/resume"]) == [3]
+
+
+# argv: OUT HOW. Drives the hooks for 20 steps, as a training loop of one's own does (no ``with``
+# block, no on_train_end), then is interrupted: HOW "raise" raises KeyboardInterrupt in the loop,
+# "sigint" waits for the test's SIGINT. The writer's interval is made longer than the test, so
+# every point is still waiting in its list when the interrupt ends the process.
+INTERRUPTED = r"""
+import sys, time
+import numpy as np
+from mindspore.train.callback import RunContext, _InternalCallbackParam
+from sidecar import inprocess
+
+inprocess.WRITE_INTERVAL = 600.0
+out, how = sys.argv[1], sys.argv[2]
+callback = inprocess.TensorBoardCallback(out, batch_size=4, rank=0)
+cb = _InternalCallbackParam(cur_step_num=0, optimizer=None, train_network=None, dataset_sink_mode=False)
+context = RunContext(cb)
+callback.on_train_begin(context)
+for step in range(1, 21):
+    cb.cur_step_num, cb.net_outputs = step, np.float32(step)
+    callback.on_train_step_begin(context)
+    callback.on_train_step_end(context)
+    if step == 20:
+        if how == "raise":
+            raise KeyboardInterrupt
+        print("handed over", flush=True)
+        time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "sigint"])
+def test_an_interrupt_drains_every_point_handed_over(tmp_path: Path, how: str) -> None:
+    """Ctrl-C at step 20 of a loop that drives the hooks: the 20 points handed to the writer are
+    all in the run (before the fix, those the writer had not taken yet died with its thread)."""
+    script = tmp_path / "loop.py"
+    script.write_text(INTERRUPTED)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "tb"), how], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        if how == "sigint":
+            assert proc.stdout.readline() == "handed over\n"
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
+    assert scalars(tmp_path / "tb" / "rank_0")["loss"] == {step: float(step) for step in range(1, 21)}
 
 
 def test_summary_collector_settings(tmp_path: Path) -> None:

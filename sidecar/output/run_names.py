@@ -4,7 +4,8 @@ Why: several experiments replayed or followed into one logdir must not share ``r
 template such as ``{label}/{config_hash}/rank_{rank}`` names each run by what differs, and
 TensorBoard shows them side by side. Fields: ``{rank}`` (required, so ranks never share a run),
 ``{job}`` (``--job``), ``{label}`` (``--label``, e.g. ``lora-r8``) and ``{config_hash}`` (:func:`parsers.run_config.config_hash`
-of the rank's configuration as read before its run was created).
+of the rank's configuration as read before its run was created; ``partial-<hex>`` when that was
+the start-up lines only, which two runs differing in, say, the learning rate share).
 
 Safety: the template is checked at start-up (unknown fields, format specs, an absolute path or
 ``..`` are a one-line error); every field value is sanitised into one path component (``/`` and

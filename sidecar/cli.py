@@ -177,6 +177,10 @@ def _aggregate_parser() -> argparse.ArgumentParser:
                         help="seconds a step waits for a late or dead node before it is written without it (default 30)")
     parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
                         "(default: all, or the last pipeline stage when the logs report pipeline stages)")
+    parser.add_argument("--run-name", metavar="TEMPLATE", help="where the node sidecars put the rank runs, as they "
+                        "were given it (default rank_{rank}); the aggregate goes beside them, e.g. <label>/aggregate/job")
+    parser.add_argument("--label", help="the {label} of --run-name")
+    parser.add_argument("--job", help="the {job} of --run-name")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between looks at the runs (default 1)")
     parser.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints (default 5)")
     parser.add_argument("--status-interval", type=float, metavar="SECONDS",

@@ -112,6 +112,30 @@ def test_each_experiment_has_its_own_aggregate_and_layout(tmp_path: Path, templa
     assert not (out / "aggregate").exists() and not (out / "layout").exists()
 
 
+def test_the_job_aggregate_follows_the_run_naming(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``mstb-sidecar aggregate`` given the node sidecars' --run-name and --label: each experiment's
+    job aggregate is beside its ranks and holds their mean; a template it cannot follow is one line."""
+    logs = {"base": REAL / "mf1.9-dp2" / "output",
+            "shifted": _shifted_copy(REAL / "mf1.9-dp2" / "output", tmp_path / "shifted", 10.0)}
+    out = tmp_path / "summary"
+    naming = ["--run-name", "{label}/rank_{rank}"]
+    for label, src in logs.items():
+        assert main(["replay", str(src), "--out", str(out), "--quiet", "--no-aggregate", *naming, "--label", label]) == 0
+    for label in logs:
+        assert main(["aggregate", "--out", str(out), "--once", "--quiet", *naming, "--label", label]) == 0
+        ranks = [scalars(out / label / f"rank_{r}")["loss"] for r in (0, 1)]
+        aggregate = scalars(out / label / "aggregate" / "job")["loss/mean"]
+        assert sorted(aggregate) == list(range(1, 201))
+        for step, mean in aggregate.items():
+            assert mean == pytest.approx(float(np.float32((ranks[0][step] + ranks[1][step]) / 2)), rel=1e-6)
+        assert (out / label / "layout" / "job").is_dir()
+    assert not (out / "aggregate").exists()
+    capsys.readouterr()
+    assert main(["aggregate", "--out", str(out), "--once", "--run-name", "{label}/{config_hash}/rank_{rank}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "cannot follow {config_hash}" in line
+
+
 def test_the_default_naming_keeps_the_aggregate_and_layout_where_they_were(tmp_path: Path) -> None:
     out = tmp_path / "summary"
     assert main(["replay", str(REAL / "mf1.9-dp2" / "output"), "--out", str(out), "--quiet", "--instance", "n0"]) == 0

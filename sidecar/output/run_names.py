@@ -24,8 +24,10 @@ reach outside ``--out``.
 
 from __future__ import annotations
 
+import os
 import re
 import string
+from pathlib import Path
 
 DEFAULT = "rank_{rank}"
 FIELDS = ("rank", "job", "label", "config_hash")
@@ -77,6 +79,32 @@ def beside(template: str, rank_run: str, kind: str, instance: str) -> str:
     parts = rank_run.split("/")
     parts[_rank_part(template)] = f"{kind}/{instance}"
     return "/".join(parts)
+
+
+class RankRuns:
+    """Where one experiment's rank runs are, for what reads them back from ``--out`` (the job
+    aggregate). The experiment's part of the template must not hold ``{config_hash}`` (:func:`needs_hash`)."""
+
+    def __init__(self, template: str, label: str | None, job: str | None) -> None:
+        index = _rank_part(template)
+        parts = render(template, 0, label, None, job).split("/")
+        self.parent, self.suffix = "/".join(parts[:index]), "/".join(parts[index + 1:])
+        self.pattern = re.compile("".join(re.escape(literal) + (r"(\d{1,7})" if name else "")
+                                          for literal, name, _, _ in string.Formatter().parse(template.split("/")[index])))
+
+    def find(self, out: Path) -> dict[int, Path]:
+        """rank -> run directory, of the runs there are now."""
+        try:
+            names = os.listdir(out / self.parent)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        found = {}
+        for name in names:
+            match = self.pattern.fullmatch(name)
+            run = out / self.parent / name / self.suffix
+            if match is not None and run.is_dir():
+                found[int(match.group(1))] = run
+        return found
 
 
 def needs_hash(template: str) -> bool:

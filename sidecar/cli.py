@@ -53,7 +53,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance", help="name of this sidecar's checkpoint, unique per node sharing --out (default: hostname)")
     parser.add_argument("--max-line-bytes", type=int, help="skip (and count) lines longer than this (default 1 MiB)")
     parser.add_argument("--no-aggregate", dest="aggregate", action="store_false", default=None,
-                        help="no cross-rank aggregate run (aggregate/<instance>)")
+                        help="no cross-rank aggregate run (aggregate/<instance>; under --run-name, beside the rank runs)")
     parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
                         "(default: all, or the last pipeline stage when mindformers reports pipeline stages)")
     parser.add_argument("--on-alert", metavar="CMD",

@@ -7,7 +7,10 @@ Beside the records, each stream collects the run configuration lines (:mod:`pars
 into the rank's run metadata (:mod:`sidecar.output.run_meta`, written at checkpoints), which also
 names the run (``--run-name``, :mod:`sidecar.output.run_names`) and gives the global batch size
 for the batch-derived tags and their ``vs samples`` twins (:mod:`sidecar.output.samples`);
-``--every`` thins what reaches a rank's run (:mod:`sidecar.output.thinning`).
+``--every`` thins what reaches a rank's run (:mod:`sidecar.output.thinning`). The aggregate and
+layout runs are the experiment's, beside its rank runs (:func:`run_names.beside
+<sidecar.output.run_names.beside>`): placed at start, or, when their path holds the configuration
+hash, at the first rank run named (:meth:`Engine._place`).
 
 Invariant: every (rank, tag, step) reaches its run's event files exactly once, however often
 the engine is stopped, killed or restarted, and in whatever order overlapping files
@@ -312,7 +315,7 @@ class Engine:
             if not self._pumped:
                 paths = [s.tail.path for s in sorted(members, key=lambda s: -s.candidate.backup)]
                 startup: dict[int, list[dict[str, object]]] = {}
-                first = first_record(paths, self.settings.default_rank, self.settings.rank_pattern, startup)
+                first = first_record(paths, members[0].candidate.rank, self.settings.rank_pattern, startup)
                 for rank, updates in startup.items():  # the configuration before any run is named
                     for update in updates:
                         self.meta.note(rank, update)

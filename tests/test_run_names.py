@@ -112,6 +112,39 @@ def test_each_experiment_has_its_own_aggregate_and_layout(tmp_path: Path, templa
     assert not (out / "aggregate").exists() and not (out / "layout").exists()
 
 
+@pytest.mark.parametrize("template", ["{label}/rank_{rank}", "{label}/{config_hash}/rank_{rank}"])
+def test_an_experiment_goes_on_from_its_own_checkpoint(tmp_path: Path, template: str) -> None:
+    """Each experiment replayed while its logs had half their steps, then again once they are whole,
+    with the other experiment's replays in between: every step of each aggregate once, its own mean."""
+    full = {"base": REAL / "mf1.9-dp2" / "output",
+            "shifted": _shifted_copy(REAL / "mf1.9-dp2" / "output", tmp_path / "shifted", 10.0)}
+    out = tmp_path / "summary"
+    growing = {label: tmp_path / "growing" / label for label in full}
+    for label, src in full.items():  # every log cut after its 100th step record
+        for path in src.rglob("*.log"):
+            lines = path.read_text().splitlines(keepends=True)
+            steps = [i for i, line in enumerate(lines) if "loss:[" in line]
+            cut = growing[label] / path.relative_to(src)
+            cut.parent.mkdir(parents=True, exist_ok=True)
+            cut.write_text("".join(lines[: steps[99] + 1] if len(steps) > 100 else lines))
+    for whole in (False, True):
+        for label, src in full.items():
+            if whole:
+                for path in src.rglob("*.log"):
+                    shutil.copyfile(path, growing[label] / path.relative_to(src))  # appended to, in effect
+            assert main(["replay", str(growing[label]), "--out", str(out), "--quiet", "--instance", "n0",
+                         "--run-name", template, "--label", label]) == 0
+    for label in full:
+        (rank_0,) = out.glob(f"{label}/**/rank_0")
+        aggregate = rank_0.parent / "aggregate" / "n0"
+        assert max(raw_points(aggregate).values()) == 1
+        ranks = [scalars(rank_0.parent / f"rank_{r}")["loss"] for r in (0, 1)]
+        means = scalars(aggregate)["loss/mean"]
+        assert sorted(means) == list(range(1, 201))
+        for step, mean in means.items():
+            assert mean == pytest.approx(float(np.float32((ranks[0][step] + ranks[1][step]) / 2)), rel=1e-6)
+
+
 def test_the_job_aggregate_follows_the_run_naming(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``mstb-sidecar aggregate`` given the node sidecars' --run-name and --label: each experiment's
     job aggregate is beside its ranks and holds their mean; a template it cannot follow is one line."""

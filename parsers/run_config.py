@@ -26,7 +26,11 @@ TensorBoard's HParams tab needs them as data. mindformers prints them without be
 :class:`StartupCollector` (one per stream) turns messages into field updates; :class:`RunConfig`
 (one per rank) holds them. :func:`settings` flattens a description into the values TensorBoard's
 HParams tab shows, and :func:`config_hash` hashes them without the run-specific ones (paths,
-host, rank, device id), so two runs of one configuration share a hash. Pure: no I/O, no clocks.
+host, rank, device id), so two runs of one configuration share a hash. Without the dump (an
+``info.log`` alone) the settings are the start-up lines only, which leave out most of the
+configuration (the learning rate, the optimizer, the model's sizes): two runs that differ there
+share a hash, so such a hash says it is partial (:data:`PARTIAL`, and the card says what it
+covers) rather than claim an equality it cannot know. Pure: no I/O, no clocks.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from parsers.values import INT64_MAX
 MAX_DUMP_BYTES = 4 << 20  # a pprint dump larger than this is dropped (counted), not parsed
 MAX_TEXT = 200  # longest string value shown as a hyperparameter
 DUMP_DROPPED = "dump_dropped"  # an update that says a dump was seen but not read
+PARTIAL = "partial-"  # the prefix of a hash over the start-up lines only (no dump was read)
 
 Value = str | int | float | bool | None
 
@@ -402,11 +407,13 @@ def is_run_specific(key: str) -> bool:
     return bool(_RUN_SPECIFIC.search(key.rsplit(".", 1)[-1]))
 
 
-def config_hash(values: dict[str, Value]) -> str:
-    """12 hex digits of SHA-256 over the settings that are not run-specific (:func:`is_run_specific`)."""
+def config_hash(values: dict[str, Value], partial: bool = False) -> str:
+    """12 hex digits of SHA-256 over the settings that are not run-specific (:func:`is_run_specific`);
+    ``partial`` (the settings come from the start-up lines only): prefixed with :data:`PARTIAL`."""
     kept = {k: v for k, v in values.items() if not is_run_specific(k)}
     canonical = json.dumps(kept, sort_keys=True, default=str, ensure_ascii=False, allow_nan=True)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+    digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+    return PARTIAL + digest if partial else digest
 
 
 _DOUBLE_MAX = int(sys.float_info.max)
@@ -428,8 +435,18 @@ def hparams(values: dict[str, Value]) -> dict[str, str | float | bool]:
 
 
 def markdown(values: dict[str, Value], digest: str) -> str:
-    """The ``config`` text card: a table of the start-up facts, then the configuration."""
-    lines = [f"**config hash** `{digest}`", "", "| setting | value |", "|---|---|"]
+    """The ``config`` text card: a table of the start-up facts, then the configuration; for a
+    :data:`PARTIAL` hash, first what it covers."""
+    lines = [f"**config hash** `{digest}`", ""]
+    if digest.startswith(PARTIAL):
+        lines += ["*Partial:* no full configuration dump was read (it is in the stdout log, `worker_N.log`, "
+                  "of every eighth rank), only mindformers' start-up lines. The hash covers the settings "
+                  "below and nothing else: the `run.` facts (task, model, parallel mode, global batch size "
+                  "and its factors, world size, pipeline stages, parameter count, epochs, data set size, "
+                  "warm-up lines) and the parallel, recompute, MoE and swap configurations. Runs that "
+                  "differ elsewhere (learning rate and its schedule, optimizer, model sizes, seed) share "
+                  "it. Name the stdout log on the command line too for a hash of the whole configuration.", ""]
+    lines += ["| setting | value |", "|---|---|"]
     for key, value in values.items():
         if value is None:
             continue

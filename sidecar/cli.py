@@ -53,7 +53,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance", help="name of this sidecar's checkpoint, unique per node sharing --out (default: hostname)")
     parser.add_argument("--max-line-bytes", type=int, help="skip (and count) lines longer than this (default 1 MiB)")
     parser.add_argument("--no-aggregate", dest="aggregate", action="store_false", default=None,
-                        help="no cross-rank aggregate run (aggregate/<instance>)")
+                        help="no cross-rank aggregate run (aggregate/<instance>; under --run-name, beside the rank runs)")
     parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
                         "(default: all, or the last pipeline stage when mindformers reports pipeline stages)")
     parser.add_argument("--on-alert", metavar="CMD",
@@ -178,6 +178,10 @@ def _aggregate_parser() -> argparse.ArgumentParser:
                         help="seconds a step waits for a late or dead node before it is written without it (default 30)")
     parser.add_argument("--loss-ranks", help="ranks whose loss the aggregate uses, e.g. 6,7 "
                         "(default: all, or the last pipeline stage when the logs report pipeline stages)")
+    parser.add_argument("--run-name", metavar="TEMPLATE", help="where the node sidecars put the rank runs, as they "
+                        "were given it (default rank_{rank}); the aggregate goes beside them, e.g. <label>/aggregate/job")
+    parser.add_argument("--label", help="the {label} of --run-name")
+    parser.add_argument("--job", help="the {job} of --run-name")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between looks at the runs (default 1)")
     parser.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints (default 5)")
     parser.add_argument("--status-interval", type=float, metavar="SECONDS",

@@ -7,7 +7,10 @@ Beside the records, each stream collects the run configuration lines (:mod:`pars
 into the rank's run metadata (:mod:`sidecar.output.run_meta`, written at checkpoints), which also
 names the run (``--run-name``, :mod:`sidecar.output.run_names`) and gives the global batch size
 for the batch-derived tags and their ``vs samples`` twins (:mod:`sidecar.output.samples`);
-``--every`` thins what reaches a rank's run (:mod:`sidecar.output.thinning`).
+``--every`` thins what reaches a rank's run (:mod:`sidecar.output.thinning`). The aggregate and
+layout runs are the experiment's, beside its rank runs (:func:`run_names.beside
+<sidecar.output.run_names.beside>`): placed at start, or, when their path holds the configuration
+hash, at the first rank run named (:meth:`Engine._place`).
 
 Invariant: every (rank, tag, step) reaches its run's event files exactly once, however often
 the engine is stopped, killed or restarted, and in whatever order overlapping files
@@ -60,7 +63,7 @@ from parsers.rank_labels import RankRouter
 from parsers.records import Family, MalformedLine, ParallelConfigLine, ParsedLine, PipelineLine, Record
 from parsers.torn import tears
 from sidecar.analysis.accounting import Accounting, Reason
-from sidecar.analysis.aggregate import CrossRankAggregator
+from sidecar.analysis.aggregate import CrossRankAggregator, EarlyNotes
 from sidecar.analysis.alerts import Alert, Alerts, LifecycleChange, WatchState
 from sidecar.analysis.detectors import AlertSettings, Group
 from sidecar.analysis.parallel_layout import LayoutNote
@@ -189,7 +192,8 @@ class Rank:
 class Engine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.store = StateStore(settings.out, settings.instance)
+        self.store = StateStore(settings.out, settings.instance,
+                                run_names.experiment(settings.run_name, settings.label, settings.job))
         self._restored = _trusted(self.store.load(), settings.out)
         self._restored_files = {f"{f.dev}:{f.ino}": f for f in self._restored.files}
         self.sources: dict[Identity, Source] = {}
@@ -209,26 +213,40 @@ class Engine:
         self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
         self._other_runs: dict[str, RunWriter] = {}
         self._layouts: dict[int, LayoutNote] = {}  # per rank: what its log states of the parallel layout
-        self.aggregator = (
-            CrossRankAggregator(
-                settings.out / "aggregate" / instance_name(settings.instance),
-                settings.aggregate_timeout,
-                settings.loss_ranks,
-            )
-            if settings.aggregate
-            else None
-        )
-        if self.aggregator is not None and self._restored.aggregate is not None:
-            self.aggregator.restore(self._restored.aggregate)  # what it waited for before the restart
-        self.cross: CrossRank | None = self.aggregator
+        self.aggregator: CrossRankAggregator | None = None
+        self.layout: LayoutRun | None = None
+        self.aggregate_run = ""  # its path under --out, once placed
+        self._notes = EarlyNotes() if settings.aggregate else None  # until it is placed
+        self.cross: CrossRank | None = self._notes
+        self._placing = True  # the experiment's aggregate and layout runs are still to be placed (here)
         self.adopted: list[State] = []  # what replay workers read and wrote (their checkpoint parts)
         self.meta = RunMetadata()
         self.custom = CustomMatcher(settings.metrics) if settings.metrics else None
         self.samples = SampleTags(self.meta.batch, lambda rank: self.run_writer(f"{self.rank(rank).name}/{SAMPLES_RUN}"))
-        self.layout = LayoutRun(self.run_writer(f"layout/{instance_name(settings.instance)}"))
+        if not run_names.needs_hash(settings.run_name):
+            self._place(run_names.render(settings.run_name, 0, settings.label, None, settings.job))
         self.bytes_read = 0
         self.lines_read = 0
         self._shapes = Shapes()  # the fast path's answers, per line shape
+
+    def _place(self, rank_run: str) -> None:
+        """Make the experiment's aggregate and layout runs, beside ``rank_run`` (one of its rank runs:
+        :func:`~sidecar.output.run_names.beside`). The checkpoint's aggregate snapshot is taken only if
+        it is of that run; what was learnt before (:class:`EarlyNotes`) is newer, so it goes after."""
+        self._placing = False
+        template, instance = self.settings.run_name, instance_name(self.settings.instance)
+        self.layout = LayoutRun(self.run_writer(run_names.beside(template, rank_run, "layout", instance)))
+        if self._notes is None:
+            return
+        self.aggregate_run = run_names.beside(template, rank_run, "aggregate", instance)
+        aggregator = CrossRankAggregator(self.settings.out / self.aggregate_run, self.settings.aggregate_timeout,
+                                         self.settings.loss_ranks)
+        restored = self._restored
+        if restored.aggregate is not None and (restored.aggregate_run or f"aggregate/{instance}") == self.aggregate_run:
+            aggregator.restore(restored.aggregate)  # what it waited for before the restart
+        self._notes.hand_to(aggregator)
+        self.aggregator = self.cross = aggregator
+        self._notes = None
 
     # -- discovery -------------------------------------------------------------------------
     def scan(self) -> list[Source]:
@@ -300,7 +318,7 @@ class Engine:
             if not self._pumped:
                 paths = [s.tail.path for s in sorted(members, key=lambda s: -s.candidate.backup)]
                 startup: dict[int, list[dict[str, object]]] = {}
-                first = first_record(paths, self.settings.default_rank, self.settings.rank_pattern, startup)
+                first = first_record(paths, members[0].candidate.rank, self.settings.rank_pattern, startup)
                 for rank, updates in startup.items():  # the configuration before any run is named
                     for update in updates:
                         self.meta.note(rank, update)
@@ -643,20 +661,30 @@ class Engine:
         if entry is None:
             if self.settings.ranks is not None and rank not in self.settings.ranks:
                 raise ForeignRank(rank)
-            template = self.settings.run_name
+            name = self._run_name(rank)
             run = self._restored.runs.get(str(rank))
-            digest = self.meta.config_hash(rank) if run_names.uses(template, "config_hash") else None
-            if run is not None and run.name and digest is None and run_names.uses(template, "config_hash"):
-                name = run.name  # a restart past the start-up lines: the run it wrote before
-            else:
-                name = run_names.render(template, rank, self.settings.label, digest, self.settings.job)
             if run is not None and (run.name or f"rank_{rank}") != name:
                 run = None  # the checkpoint describes another run of this rank
+            if self._placing:
+                self._place(name)
+            elif self.aggregate_run and run_names.beside(self.settings.run_name, name, "aggregate", instance_name(
+                    self.settings.instance)) != self.aggregate_run:
+                log.warning("rank %d's run %s is not beside the aggregate %s (its configuration hash differs); "
+                            "the aggregate is over every rank this sidecar follows", rank, name, self.aggregate_run)
             self.meta.restore(rank, self.settings.out / name)
             since = RunView(dict(run.watermarks), run.file, run.size) if run else None
             entry = self.ranks[rank] = Rank(self.settings.out / name, name, since, self.settings)
             self.stats[rank] = entry.stats
         return entry
+
+    def _run_name(self, rank: int) -> str:
+        """The path of ``rank``'s run under --out, from what was read so far (:mod:`sidecar.output.run_names`)."""
+        template = self.settings.run_name
+        run = self._restored.runs.get(str(rank))
+        digest = self.meta.config_hash(rank) if run_names.uses(template, "config_hash") else None
+        if run is not None and run.name and digest is None and run_names.uses(template, "config_hash"):
+            return run.name  # a restart past the start-up lines: the run it wrote before
+        return run_names.render(template, rank, self.settings.label, digest, self.settings.job)
 
     def _deliver(self, rank_id: int, stream: Stream, record: Record) -> None:
         rank = self.rank(rank_id)
@@ -757,10 +785,15 @@ class Engine:
         self._order = None
         self.aggregator = None
         self.cross = cross
+        self._placing = False  # the parent places them (hand_over)
 
     def hand_over(self) -> None:
-        """The parent's side of :meth:`restrict`: workers read every file, none is read here."""
+        """The parent's side of :meth:`restrict`: workers read every file, none is read here. The
+        aggregate, which the parent writes, is placed now if it still waits for a rank's run name:
+        the one a worker gives its lowest rank from the start-up lines read so far (:meth:`scan`)."""
         self.alerts.only(set())
+        if self._placing and self.sources:
+            self._place(self._run_name(min(source.candidate.rank for source in self.sources.values())))
         for source in self.sources.values():
             source.tail.close()
         self.sources.clear()
@@ -792,8 +825,9 @@ class Engine:
         parts = self.adopted if parts is None else parts
         marks = [rank.writer.view.watermarks for rank in self.ranks.values()]
         marks += [run.watermarks for part in parts for run in part.runs.values()]
-        self.layout.update((t for m in marks for t in m),
-                           self.aggregator.writer.view.watermarks if self.aggregator is not None else ())
+        if self.layout is not None:
+            self.layout.update((t for m in marks for t in m),
+                               self.aggregator.writer.view.watermarks if self.aggregator is not None else ())
         self.store.save(self.state(parts))
 
     def state(self, parts: list[State] | None = None) -> State:
@@ -810,7 +844,9 @@ class Engine:
         for writer in self._extra_writers():
             writer.sync()
         if self.aggregator is not None:
-            state.aggregate = self.aggregator.snapshot()
+            state.aggregate, state.aggregate_run = self.aggregator.snapshot(), self.aggregate_run
+        elif self._placing:  # not placed yet: what the checkpoint had of it still holds
+            state.aggregate, state.aggregate_run = self._restored.aggregate, self._restored.aggregate_run
         for rank_id, rank in self.ranks.items():
             view = rank.writer.sync()
             state.runs[str(rank_id)] = RunState(name=rank.name, file=view.file, size=view.size,

@@ -13,9 +13,12 @@ stay MindSpore-free.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import importlib
 import logging
+import os
+import signal
 import threading
 import time
 from collections import deque
@@ -63,7 +66,13 @@ class TensorBoardCallback(Callback):
     writes them in batches every ``WRITE_INTERVAL``. When the list is full, points are dropped
     and counted in ``dropped`` (one warning), never waited for. A writer error is logged once and
     sets ``disabled``; training goes on without the callback. Both are per ``model.train``: the
-    next training with the same callback starts afresh.
+    next training with the same callback starts afresh. A training that ends the process without
+    ending the training (Ctrl-C in a loop that drives the hooks, an uncaught exception) still has
+    every point handed over written: the writer is stopped and drained at interpreter exit
+    (``atexit``; its thread is a daemon, which exit would otherwise freeze mid-list), and before a
+    SIGTERM ends it (MindSpore's runtime turns Ctrl-C in ``Model.train`` into one), unless the
+    script handles SIGTERM itself. The process then ends as it would have, after the drain (at most
+    ``STOP_TIMEOUT``, and after the step that is running: Python handles signals between steps).
 
     Step: ``cur_step_num`` plus the optimizer's ``global_step`` at the start of the training
     (minus ``cur_step_num`` there), i.e. mindformers' global step: a resumed or second-stage
@@ -173,6 +182,12 @@ class TensorBoardCallback(Callback):
                                         args=(self.run_dir, cb.cur_step_num + self._offset + 1,
                                               self._pending, self._stopping))
         self._thread.start()
+        atexit.register(self._stop)  # unregistered by _stop: one registration per training
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # nobody else handles it
+                signal.signal(signal.SIGTERM, _on_term)
+            if signal.getsignal(signal.SIGTERM) is _on_term:
+                _TERM_DRAINS.append(self)
 
     def _due(self, step: int) -> bool:
         return step - self._last_written >= self.every
@@ -258,6 +273,12 @@ class TensorBoardCallback(Callback):
         thread, self._thread = self._thread, None
         if thread is None:
             return
+        atexit.unregister(self._stop)
+        if self in _TERM_DRAINS:
+            _TERM_DRAINS.remove(self)
+            if (not _TERM_DRAINS and threading.current_thread() is threading.main_thread()
+                    and signal.getsignal(signal.SIGTERM) is _on_term):
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self._stopping.set()
         thread.join(STOP_TIMEOUT)
         if thread.is_alive():
@@ -265,6 +286,19 @@ class TensorBoardCallback(Callback):
             log.warning("TensorBoard writer for %s did not finish in %.0f s", self.run_dir, STOP_TIMEOUT)
         if self.dropped:
             log.warning("TensorBoard callback dropped %d points for %s", self.dropped, self.run_dir)
+
+
+_TERM_DRAINS: list[TensorBoardCallback] = []  # trainings running while SIGTERM is ours (see _on_term)
+
+
+def _on_term(signum: int, frame: object) -> None:
+    """SIGTERM while trainings run, and nobody else handles it: MindSpore's runtime turns Ctrl-C in
+    ``Model.train`` into one, whose default action ends the process before any Python runs. Drain
+    every running callback's writer, then end the process as SIGTERM would have."""
+    for callback in list(_TERM_DRAINS):
+        callback._stop()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _Rate:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -375,6 +376,85 @@ def test_restart_from_an_earlier_step_supersedes_the_tail(tmp_path: Path) -> Non
     assert series["loss"] == {1: 1.0, 2: 2.0, 3: 30.0, 4: 40.0}
     assert series["throughput"].keys() == {1, 2, 3, 4}
     assert list(texts(tmp_path / "rank_3")["events/resume"]) == [3]
+
+
+# argv: OUT HOW. 20 steps, then an interrupt. HOW "raise" and "sigint": the hooks driven as a
+# training loop of one's own does (no ``with`` block, no on_train_end), then KeyboardInterrupt
+# raised in the loop, or the test's SIGINT awaited. "model": graph-mode Model.train (loss = the
+# step), with a second callback (every=7, to OUT7), the test's SIGINT awaited in the last step's
+# callbacks; MindSpore's runtime turns it into a SIGTERM to the process. The writer's interval is made longer than the test, so every point is
+# still waiting in its list when the interrupt ends the process.
+INTERRUPTED = r"""
+import sys, time
+import numpy as np
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import nn
+from mindspore.train import Callback, Model
+from mindspore.train.callback import RunContext, _InternalCallbackParam
+from sidecar import inprocess
+
+inprocess.WRITE_INTERVAL = 600.0
+out, how = sys.argv[1], sys.argv[2]
+callback = inprocess.TensorBoardCallback(out, batch_size=4, rank=0)
+
+
+def handed_over(step):
+    if step == 20:
+        if how == "raise":
+            raise KeyboardInterrupt
+        print("handed over", flush=True)
+        time.sleep(600)
+
+
+class Last(Callback):
+    def on_train_step_end(self, run_context):
+        handed_over(run_context.original_args().cur_step_num)
+
+
+class Step(nn.Cell):  # the network's output, the loss, is the step: x holds it
+    def construct(self, x, y):
+        return x.sum() + 0 * y.sum()
+
+
+if how == "model":
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x = np.arange(1, 21, dtype=np.float32).reshape(20, 1)
+    data = ds.NumpySlicesDataset({"x": x, "y": x}, shuffle=False).batch(1)
+    every7 = inprocess.TensorBoardCallback(out + "7", batch_size=4, rank=0, every=7)
+    Model(Step()).train(1, data, callbacks=[callback, every7, Last()], dataset_sink_mode=False)
+cb = _InternalCallbackParam(cur_step_num=0, optimizer=None, train_network=None, dataset_sink_mode=False)
+context = RunContext(cb)
+callback.on_train_begin(context)
+for step in range(1, 21):
+    cb.cur_step_num, cb.net_outputs = step, np.float32(step)
+    callback.on_train_step_begin(context)
+    callback.on_train_step_end(context)
+    handed_over(step)
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "sigint", "model"])
+def test_an_interrupt_drains_every_point_handed_over(tmp_path: Path, how: str) -> None:
+    """Ctrl-C at step 20: the 20 points handed to the writer are all in the run (before the fix,
+    those the writer had not taken yet died with its thread, or with the SIGTERM MindSpore sends)."""
+    script = tmp_path / "loop.py"
+    script.write_text(INTERRUPTED)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "tb"), how], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        if how != "raise":
+            assert proc.stdout.readline() == "handed over\n"
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    if how == "model":
+        assert proc.returncode == -signal.SIGTERM, err[-2000:]  # as MindSpore ends it
+        assert scalars(tmp_path / "tb7" / "rank_0")["loss"] == {7: 7.0, 14: 14.0}
+    else:
+        assert proc.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
+    assert scalars(tmp_path / "tb" / "rank_0")["loss"] == {step: float(step) for step in range(1, 21)}
 
 
 def test_summary_collector_settings(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -144,3 +145,36 @@ def test_a_new_job_in_the_same_directory_writes_its_own_card_after_the_resume_ma
     assert _hparams(out / "rank_0")["run.global_batch_size"] == 2
     assert json.loads((out / "rank_0" / "run.json").read_text())["run"]["global_batch_size"] == 2
     assert sorted(scalars(out / "rank_0" / "vs_samples")["loss_vs_samples"]) == [2 * s for s in range(1, 201)]
+
+
+def test_a_hash_of_the_start_up_lines_alone_says_it_is_partial_and_what_it_covers(tmp_path: Path) -> None:
+    """Two single-process runs with ``info.log`` alone, one with the genuine lr schedule, one at a
+    fixed 1e-3: the start-up lines are the same, so the hashes are too; they must
+    say they are partial, and the card which settings they cover; the full dump's hash is not."""
+    genuine = (REAL / "mf1.9-single" / "output" / "log" / "rank_0" / "info.log").read_text()
+    fixed = re.sub(r"lr: [0-9.e+-]+,", "lr: 0.001,", genuine)
+    assert fixed != genuine
+    digests, rates = [], []
+    for name, text in (("schedule", genuine), ("fixed", fixed)):
+        log = tmp_path / name / "output" / "log" / "rank_0" / "info.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(text)
+        out = tmp_path / f"{name}-summary"
+        assert main(["replay", str(log.parent), "--out", str(out), "--quiet", "--no-aggregate"]) == 0
+        rates.append(scalars(out / "rank_0")["learning-rate"])
+        digest = json.loads((out / "rank_0" / "run.json").read_text())["config_hash"]
+        assert re.fullmatch(r"partial-[0-9a-f]{12}", digest)
+        card = texts(out / "rank_0")["config"][1]
+        assert card.startswith(f"**config hash** `{digest}`\n\n*Partial:* no full configuration dump was read")
+        assert "The hash covers the settings below and nothing else" in card and "learning rate" in card
+        assert "| `run.global_batch_size` | 2 |" in card  # one of the settings it covers, listed
+        digests.append(digest)
+    assert digests[0] == digests[1]
+    assert all(v == pytest.approx(1e-3) for v in rates[1].values()) and len(set(rates[0].values())) > 50  # they differ
+    named = tmp_path / "named"  # {config_hash} in --run-name: the run is named by the marked hash
+    assert main(["replay", str(tmp_path / "fixed" / "output"), "--out", str(named), "--quiet", "--no-aggregate",
+                 "--run-name", "{config_hash}/rank_{rank}"]) == 0
+    assert (named / digests[0] / "rank_0" / "run.json").is_file()
+    full = _hash(REAL / "mf1.9-dp2" / "output", tmp_path / "full")  # with worker_N.log's dump
+    assert re.fullmatch(r"[0-9a-f]{12}", full)
+    assert not texts(tmp_path / "full" / "rank_0")["config"][1].count("*Partial:*")

@@ -33,7 +33,9 @@ no ``loss/*`` aggregate and says so once. Zero-bubble-V: rank 0 only. ``loss_ran
 all of this. For ``iteration-time`` the slowest rank is recorded too.
 
 The run is ``aggregate/<instance>``: sidecars on several nodes sharing one ``--out`` each write
-their own, over the ranks they follow. The custom-scalars layout that charts it is in a run of
+their own, over the ranks they follow. Under ``--run-name`` it is the experiment's, beside its
+rank runs (:func:`sidecar.output.run_names.beside`); when that path needs the configuration hash,
+:class:`EarlyNotes` keeps what is learnt before it is known. The custom-scalars layout that charts it is in a run of
 its own (:mod:`sidecar.output.layout`); an earlier version's layout in this run is replaced by an empty
 one, or TensorBoard would merge its charts (for every metric, present or not) into the new ones.
 """
@@ -171,7 +173,7 @@ class CrossRankAggregator:
 
     def note_parallel(self, line: ParallelConfigLine) -> None:
         """The world size from a start-up line; one that states device_num wins over a derived one."""
-        if self.parallel is None or not line.derived or self.parallel.derived:
+        if _replaces(self.parallel, line):
             self.parallel = line
 
     # -- output ----------------------------------------------------------------------------
@@ -373,6 +375,51 @@ class CrossRankAggregator:
         value = custom_scalars_value(layout_pb2.Layout())
         if self.writer.view.watermarks.get(value.tag) == 0:
             self.writer.write_values(1, time.time(), [value])
+
+
+class EarlyNotes:
+    """What the aggregate learns before its run can be placed (a ``--run-name`` whose experiment part
+    holds ``{config_hash}``, known once a rank's start-up lines were read): the ranks and the parallel
+    layout, handed to the aggregator once it is made (:meth:`hand_to`), after its restored snapshot,
+    which they are newer than. It sees no step: the engine places the aggregate before it hands it
+    the first one."""
+
+    def __init__(self) -> None:
+        self.expected: set[int] = set()
+        self.pipeline: PipelineLine | None = None
+        self.parallel: ParallelConfigLine | None = None
+
+    def observe(self, rank: int, record: Record, now: float, resumed: bool = False) -> None:
+        raise RuntimeError("a training step before the aggregate's run was placed")
+
+    def note_pipeline(self, line: PipelineLine) -> None:
+        self.pipeline = line
+
+    def note_parallel(self, line: ParallelConfigLine) -> None:
+        if _replaces(self.parallel, line):
+            self.parallel = line
+
+    def pending_steps(self) -> int:
+        return 0
+
+    def waits_for(self, rank: int) -> bool:
+        return False
+
+    def compared_ranks(self) -> set[int]:
+        return set()
+
+    def hand_to(self, aggregator: CrossRankAggregator) -> None:
+        aggregator.expected |= self.expected
+        if self.pipeline is not None:
+            aggregator.note_pipeline(self.pipeline)
+        if self.parallel is not None:
+            aggregator.note_parallel(self.parallel)
+
+
+def _replaces(kept: ParallelConfigLine | None, line: ParallelConfigLine) -> bool:
+    """Does ``line`` replace the world-size line ``kept``? The last one that states device_num wins
+    over every derived one; among derived ones, the last."""
+    return kept is None or not line.derived or kept.derived
 
 
 def _restored(pending: PendingStep) -> _Step:

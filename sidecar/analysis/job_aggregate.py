@@ -27,6 +27,13 @@ run was rewritten. Applying it again would cut the aggregate a second time and l
 rank waiting to go back; so such a START counts only if the aggregator still waits for this rank
 to go back (a late node's rank that was expected when the others resumed).
 
+Experiments. With ``--run-name`` (and ``--label``, ``--job``) as the node sidecars were given, it
+follows that experiment's rank runs and writes its aggregate and layout beside them
+(:class:`~sidecar.output.run_names.RankRuns`, :func:`~sidecar.output.run_names.beside`:
+``{label}/rank_{rank}`` gives ``<label>/aggregate/job``), with a checkpoint of its own; the default
+keeps ``aggregate/job``, ``layout/job`` and ``state-job.json``. ``{config_hash}`` outside ``{rank}``'s
+component cannot be followed: the hash is in the logs, not in the runs.
+
 Missing ranks in the output. The aggregator counts the steps it writes without every rank
 (:attr:`~CrossRankAggregator.incomplete_steps`). When that count grows, a text event
 :data:`MISSING_TAG` at the newest step written names the ranks that have not reported it, once
@@ -53,8 +60,6 @@ everything is read again from the start.
 from __future__ import annotations
 
 import logging
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +70,7 @@ from parsers.records import Record
 from sidecar.analysis.aggregate import AGGREGATED, AggregateState, CrossRankAggregator, rank_ranges
 from sidecar.analysis.parallel_layout import LAYOUT_TAG, ParallelLayout, read_layout
 from sidecar.output.event_file import OutputLost, vanished
+from sidecar.output import run_names
 from sidecar.output.layout import LayoutRun
 from sidecar.output.run_follow import RunFollower
 from sidecar.output.run_writer import RunWriter
@@ -78,7 +84,6 @@ LEAD = 256  # training steps a run is read ahead of the least-read run that stil
 MAX_WORLD = 1 << 16  # a logged world size beyond this is not turned into expected ranks
 MISSING_TAG = "events/missing-ranks"
 VERSION = 1
-_RANK_RUN = re.compile(r"rank_(\d{1,7})")
 _AGGREGATED = frozenset(AGGREGATED)
 
 
@@ -107,15 +112,18 @@ class _Run:
 
 
 class JobAggregate:
-    def __init__(self, out: Path, timeout: float, loss_ranks: set[int] | None) -> None:
+    def __init__(self, out: Path, timeout: float, loss_ranks: set[int] | None, run_name: str = run_names.DEFAULT,
+                 label: str | None = None, job: str | None = None) -> None:
         self.out = out
-        self.run_dir = out / "aggregate" / JOB
-        self.store = StateStore(out, JOB)
+        self.rank_runs = run_names.RankRuns(run_name, label, job)
+        rank_run = run_names.render(run_name, 0, label, None, job)
+        self.run_dir = out / run_names.beside(run_name, rank_run, "aggregate", JOB)
+        self.store = StateStore(out, JOB, run_names.experiment(run_name, label, job))
         state = self._load()
         self.aggregator = CrossRankAggregator(self.run_dir, timeout, loss_ranks)
         if state.aggregate is not None:
             self.aggregator.restore(state.aggregate)
-        self.layout = LayoutRun(RunWriter(out / "layout" / JOB))
+        self.layout = LayoutRun(RunWriter(out / run_names.beside(run_name, rank_run, "layout", JOB)))
         self._restored = state.runs
         self._claimed = (state.aggregate_file, state.aggregate_size)  # of aggregate/job, by the last checkpoint
         self.missing = state.missing
@@ -161,18 +169,12 @@ class JobAggregate:
 
     # -- reading ---------------------------------------------------------------------------
     def scan(self) -> None:
-        """Follow every ``rank_<N>`` run under ``--out`` not followed yet."""
-        try:
-            names = os.listdir(self.out)
-        except FileNotFoundError:
-            names = []
-        for name in names:
-            match = _RANK_RUN.fullmatch(name)
-            if match is None or int(match.group(1)) in self.runs or not (self.out / name).is_dir():
+        """Follow every rank run of the experiment (``rank_<N>`` under ``--out``) not followed yet."""
+        for rank, run_dir in self.rank_runs.find(self.out).items():
+            if rank in self.runs:
                 continue
-            rank = int(match.group(1))
             progress = self._restored.pop(rank, None) or RunProgress(history=self.aggregator.writer.max_step)
-            follower = RunFollower(self.out / name, progress.files)
+            follower = RunFollower(run_dir, progress.files)
             follower.rewritten = progress.last_step >= 0 and not progress.files  # deleted while it was read
             self.runs[rank] = _Run(follower, progress)
             self.aggregator.expected.add(rank)
@@ -298,7 +300,7 @@ class JobAggregate:
         aggregator = self.aggregator
         parts = [f"following {len(self.runs)} rank run(s)"]
         if aggregator.writer.max_step >= 0:
-            parts.append(f"aggregate/{JOB} at step {aggregator.writer.max_step}")
+            parts.append(f"{self.run_dir.relative_to(self.out)} at step {aggregator.writer.max_step}")
         parts.append(f"{aggregator.pending_steps()} step(s) waiting")
         if aggregator.incomplete_steps:
             parts.append(f"{aggregator.incomplete_steps} step(s) written without every rank")

@@ -12,7 +12,8 @@ What a run was (:mod:`parsers.run_config`) is written once per run, and again wh
   ``add_hparams`` writes one), TensorBoard takes that run's columns as given and marks none as
   differing;
 - ``run.json`` in the run directory (written atomically: a new file, fsync, rename), with the
-  same settings, the start-up facts and the configuration hash.
+  same settings, the start-up facts and the configuration hash (``partial-<hex>`` when no dump was
+  read, by the rank or the job: see :data:`parsers.run_config.PARTIAL`).
 
 When it is written: at each checkpoint (live: every ``--checkpoint-interval``; replay: at the
 end), for ranks whose description changed and that have written a training step. Not at the
@@ -114,7 +115,11 @@ class RunMetadata:
     def config_hash(self, rank: int) -> str | None:
         """The hash of the rank's configuration as read so far; ``None`` before any start-up line."""
         values = self._settings(rank)
-        return config_hash(values) if any(v is not None for v in values.values()) else None
+        return self._digest(rank, values) if any(v is not None for v in values.values()) else None
+
+    def _digest(self, rank: int, values: dict[str, Value]) -> str:
+        """:func:`config_hash` of ``values``, marked partial when neither the rank nor the job printed a dump."""
+        return config_hash(values, partial=self.config(rank).dump is None)
 
     def batch(self, rank: int) -> tuple[int | None, int | None]:
         """The rank's global batch size and world size, as far as its log said."""
@@ -159,7 +164,7 @@ class RunMetadata:
             values = self._settings(rank)
             if values == meta.written or not any(v is not None for v in values.values()):
                 continue
-            digest = config_hash(values)
+            digest = self._digest(rank, values)
             if meta.written is None and meta.card_step is None and _load(writer.run_dir).get("settings") == values:
                 meta.written = values  # a restart that read the start-up lines again
                 continue

@@ -12,11 +12,14 @@ A state whose runs are no longer on disk (output deleted, :func:`runs_match`) cl
 that are gone; it is dropped (:meth:`StateStore.forget`) so that the logs are read again.
 
 One file per sidecar instance (``state-<instance>.json``): several sidecars (one per node)
-can share one ``--out`` without touching each other's checkpoints.
+can share one ``--out`` without touching each other's checkpoints. And one per experiment
+(``state-<instance>@<experiment>.json``, :func:`sidecar.output.run_names.experiment`) when
+``--run-name`` puts experiments side by side in one ``--out``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -71,6 +74,7 @@ class State(BaseModel):
     summaries: dict[str, int] = {}  # MindSpore summary file "dev:ino" -> offset
     aggregate: AggregateState | None = None  # what the cross-rank aggregate still waits for
     firing: list[str] = []  # alerts about the ranks together whose episode is on
+    aggregate_run: str = ""  # the aggregate's run, that ``aggregate`` is of; empty: aggregate/<instance>
 
 
 def instance_name(raw: str) -> str:
@@ -89,8 +93,12 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class StateStore:
-    def __init__(self, out_dir: Path, instance: str) -> None:
-        self.path = out_dir / STATE_DIR / f"state-{instance_name(instance)}.json"
+    def __init__(self, out_dir: Path, instance: str, experiment: str = "") -> None:
+        name = instance_name(instance)
+        if experiment:  # readable, and distinct however the name was cut or made safe
+            digest = hashlib.sha256(experiment.encode()).hexdigest()[:8]
+            name = f"{name}@{_UNSAFE.sub('_', experiment)[:48]}-{digest}"
+        self.path = out_dir / STATE_DIR / f"state-{name}.json"
 
     def load(self) -> State:
         return self.load_as(State, VERSION)

@@ -54,7 +54,6 @@ from sidecar.following.tailer import QUIET_AFTER
 from sidecar.following.wakeup import WakeUp
 from sidecar.output.event_file import OutputLost
 from sidecar.output.lock import hold
-from sidecar.output.state import StateStore
 from sidecar.service.config import SidecarConfig
 from sidecar.service.notify import Notifier
 from sidecar.service.replay import alert_command, settings_from
@@ -170,7 +169,7 @@ def _start_over(engine: Engine, settings: Settings, lost: OutputLost) -> Engine:
     log.warning("%s; writing it again from the logs", lost)
     engine.close()  # fsyncs what is still on disk; saves no checkpoint
     hold(settings.out, settings.instance)  # a deleted --out took the lock file with it
-    StateStore(settings.out, settings.instance).forget()
+    engine.store.forget()
     fresh = Engine(replace(settings, from_end=False))
     fresh.scan()
     return fresh

@@ -29,8 +29,8 @@ from types import FrameType
 
 from sidecar.analysis.job_aggregate import JOB, JobAggregate
 from sidecar.output.event_file import OutputLost
+from sidecar.output import run_names
 from sidecar.output.lock import hold
-from sidecar.output.state import StateStore
 from sidecar.service.config import SidecarConfig
 from sidecar.service.notify import Notifier
 
@@ -64,16 +64,22 @@ class _Stop:
 
 
 def run_job_aggregate(config: SidecarConfig, once: bool) -> int:
+    """0, or 2 for a ``--run-name`` it cannot follow (one line)."""
+    if run_names.needs_hash(config.run_name):
+        log.error("--run-name %s: the aggregate cannot follow {config_hash} outside {rank}'s path component (the "
+                  "hash is read from the logs, not from the runs); tell experiments apart by {label} or {job}",
+                  config.run_name)
+        return 2
     loss_ranks = set(config.loss_ranks) if config.loss_ranks is not None else None
     if once:
         return _once(config, loss_ranks)
     stop = _Stop()
     notifier = Notifier()
-    job = JobAggregate(config.out, config.aggregate_timeout, loss_ranks)
+    job = _job(config, config.aggregate_timeout, loss_ranks)
     try:
         job.scan()
-        log.info("aggregating the rank runs in %s into aggregate/%s; %d rank run(s) so far",
-                 config.out, JOB, len(job.runs))
+        log.info("aggregating the rank runs in %s into %s; %d rank run(s) so far",
+                 config.out, job.run_dir, len(job.runs))
         notifier.ready(job.status())
         while True:
             try:
@@ -83,8 +89,8 @@ def run_job_aggregate(config: SidecarConfig, once: bool) -> int:
                 log.warning("%s; writing it again from the rank runs", lost)
                 job.close()
                 hold(config.out, JOB)  # a deleted --out took the lock file with it
-                StateStore(config.out, JOB).forget()
-                job = JobAggregate(config.out, config.aggregate_timeout, loss_ranks)
+                job.store.forget()
+                job = _job(config, config.aggregate_timeout, loss_ranks)
                 job.scan()
     except OSError:
         job.abandon()
@@ -130,8 +136,12 @@ def _follow(job: JobAggregate, config: SidecarConfig, notifier: Notifier, stop: 
     job.checkpoint()
 
 
+def _job(config: SidecarConfig, timeout: float, loss_ranks: set[int] | None) -> JobAggregate:
+    return JobAggregate(config.out, timeout, loss_ranks, config.run_name, config.label, config.job)
+
+
 def _once(config: SidecarConfig, loss_ranks: set[int] | None) -> int:
-    job = JobAggregate(config.out, float("inf"), loss_ranks)
+    job = _job(config, float("inf"), loss_ranks)
     try:
         job.scan()
         while job.pump(time.monotonic()):
@@ -139,7 +149,7 @@ def _once(config: SidecarConfig, loss_ranks: set[int] | None) -> int:
         job.finish()
         job.checkpoint()
     except OutputLost as lost:
-        StateStore(config.out, JOB).forget()
+        job.store.forget()
         log.error("%s; run the same command again to write it anew from the rank runs", lost)
         return 1
     except OSError:
@@ -148,7 +158,7 @@ def _once(config: SidecarConfig, loss_ranks: set[int] | None) -> int:
     finally:
         job.close()
     if not job.runs:
-        log.warning("no rank runs (rank_<N>/) under %s; nothing to aggregate", config.out)
+        log.warning("no rank runs (--run-name %s) under %s; nothing to aggregate", config.run_name, config.out)
     elif not config.quiet:
         print(f"read {job.events_read} event(s) of {len(job.runs)} rank run(s) -> {job.run_dir}: {job.status()}")
     return 0

@@ -21,7 +21,6 @@ from typing import Any
 
 from sidecar.engine import Engine, Settings
 from sidecar.output.event_file import OutputLost
-from sidecar.output.state import StateStore
 from sidecar.service.alert_command import AlertCommand
 from sidecar.service.config import SidecarConfig
 from sidecar.service.interrupt import SAVED, CtrlC
@@ -138,7 +137,7 @@ def run_replay(config: SidecarConfig, alert_exit: int) -> int:
                 _replay_here(engine, bar, config.checkpoint_interval)
         engine.checkpoint()
     except OutputLost as lost:
-        StateStore(config.out, config.instance).forget()
+        engine.store.forget()
         log.error("%s; run the same command again to write it anew from the logs", lost)
         return 1
     finally:

@@ -61,7 +61,8 @@ class Query:
                 text = text[found.end():]
             self.selectors.append((match.group(1), matchers))
         rest = SELECTOR.sub(" ", rest)
-        self.grouping = {label.strip() for _, labels in GROUPING.findall(rest) for label in labels.split(",") if label.strip()}
+        self.grouping = {label.strip() for _, labels in GROUPING.findall(rest)
+                         for label in labels.split(",") if label.strip()}
         rest = GROUPING.sub(" ", rest)
         rest = re.sub(r"\[[^]]*\]|\boffset\s+\w+|\"[^\"]*\"", " ", rest)
         for name in re.findall(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*\b(?!\s*\()", rest):
@@ -121,7 +122,8 @@ def dashboard_queries() -> list[Query]:
                 found.append(Query(f"{metric}{{{label}=~\".+\"}}", f"{path.name} variable {variable['name']}"))
         for panel in board["panels"]:
             for target in panel.get("targets", []):
-                found.append(Query(target["expr"].replace("$training_job", JOB), f"{path.name} panel {panel['title']!r}"))
+                expr = target["expr"].replace("$training_job", JOB)
+                found.append(Query(expr, f"{path.name} panel {panel['title']!r}"))
     return found
 
 

@@ -259,8 +259,8 @@ def band_runs(tb: TensorBoard, tag: str) -> list[str] | None:
     tags = [name for s in series for name in (s["value"], s["lower"], s["upper"])]
     regex = "|".join("(" + re.sub(r"([.*+?^${}()|\[\]\\])", r"\\\1", t) + ")" for t in tags)
     runs = tb.get("/data/runs")
-    return sorted(run for run in runs
-                  if tb.get("/data/plugin/custom_scalars/scalars", run=run, tag=regex)["tag_to_events"].get(f"{tag}/mean"))
+    answers = {run: tb.get("/data/plugin/custom_scalars/scalars", run=run, tag=regex) for run in runs}
+    return sorted(run for run, answer in answers.items() if answer["tag_to_events"].get(f"{tag}/mean"))
 
 
 def test_the_multi_node_configuration_draws_one_mean(tmp_path: Path) -> None:
@@ -268,7 +268,8 @@ def test_the_multi_node_configuration_draws_one_mean(tmp_path: Path) -> None:
     ``--instance``) and the job aggregate: the band chart of the merged layout draws one mean,
     the job's."""
     [node] = [a for doc, a, whole in COMMANDS if whole and doc == "docs/many-ranks.md" and a[:1] == ["--watch"]]
-    options = [arg for prev, arg in zip(["", *node], node) if arg not in ("--watch", "--out") and prev not in ("--watch", "--out")]
+    paths = ("--watch", "--out")
+    options = [arg for prev, arg in zip(["", *node], node) if arg not in paths and prev not in paths]
     out = tmp_path / "tb"
     for rank in (0, 1):
         logs = tmp_path / f"node{rank}" / "log"

@@ -100,7 +100,9 @@ def test_long_lines_are_skipped_and_counted(live: LiveEnv) -> None:
     log.write(b"w" * (1 << 20) + b"\n")
     log.step(5)
     wait_until(lambda: all_written(live.out, [log]), 10, "the steps around the long lines")
-    assert wait_until(lambda: (scrape(port, "mstb_sidecar_records_not_written_total", rank="0", reason="too-long") or 0) >= 2, 5, "the long-line counter")
+    too_long = {"rank": "0", "reason": "too-long"}
+    assert wait_until(lambda: (scrape(port, "mstb_sidecar_records_not_written_total", **too_long) or 0) >= 2, 5,
+                      "the long-line counter")
     log.write(b"[INFO] q" + b"z" * (2 << 20))  # over the cap, no newline yet
     time.sleep(0.5)
     rc, _ = sidecar.stop()

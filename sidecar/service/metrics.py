@@ -23,9 +23,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import TypeVar
 from http.server import BaseHTTPRequestHandler
 from socketserver import TCPServer, ThreadingMixIn
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -84,19 +84,19 @@ class EngineCollector(Collector):
         yield dropped
         yield self._one(GaugeMetricFamily, "mstb_sidecar_files", "Files followed", len(sources))
         yield self._one(GaugeMetricFamily, "mstb_sidecar_lag_bytes", "Bytes written to logs but not read yet",
-                          sum(max(s.tail.size - s.tail.offset, 0) for s in sources))
+                        sum(max(s.tail.size - s.tail.offset, 0) for s in sources))
         points = CounterMetricFamily("mstb_sidecar_points_written", "Values written to event files", labels=PER_RANK)
         for rank_id, rank in sorted(engine.ranks.items()):
             points.add_metric([*job, str(rank_id)], rank.writer.points_written)
         yield points
         if engine.aggregator is not None:
             yield self._one(GaugeMetricFamily, "mstb_sidecar_aggregate_pending_steps",
-                              "Steps the cross-rank aggregate waits for a rank to report",
-                              engine.aggregator.pending_steps())
+                            "Steps the cross-rank aggregate waits for a rank to report",
+                            engine.aggregator.pending_steps())
             yield self._one(CounterMetricFamily, "mstb_sidecar_aggregate_incomplete_steps",
-                              "Aggregate steps written without every rank (a rank late past "
-                              "--aggregate-timeout, or a replay whose input ended first)",
-                              engine.aggregator.incomplete_steps)
+                            "Aggregate steps written without every rank (a rank late past "
+                            "--aggregate-timeout, or a replay whose input ended first)",
+                            engine.aggregator.incomplete_steps)
         alerts = CounterMetricFamily("mstb_sidecar_alerts", "Alert episodes begun (rank 'all': across ranks)",
                                      labels=[*PER_RANK, "alert"])
         for (rank_id, name), count in sorted(engine.alerts.counts.items()):

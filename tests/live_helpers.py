@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing import event_accumulator, plugin_event_accumulator
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
@@ -448,17 +449,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def scrape(port: int, name: str) -> float | None:
-    """One sample of the sidecar's Prometheus endpoint (``--metrics-port``), or None."""
+def metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the sidecar's Prometheus endpoint (``--metrics-port``): (name, sorted labels
+    but ``training_job``, which every series has) -> value; empty while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
             text = resp.read().decode()
     except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+        return {}
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "training_job"))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def scrape(port: int, name: str, **labels: str) -> float | None:
+    """One sample of the endpoint, with exactly ``labels`` besides ``training_job``; or None."""
+    return metrics(port).get((name, tuple(sorted(labels.items()))))
 
 
 def mount(*args: str) -> None:

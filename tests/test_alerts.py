@@ -78,7 +78,10 @@ def test_replay_raises_exactly_the_nan_and_the_spike(tmp_path: Path) -> None:
     assert [(a["alert"], a["state"], a["rank"], a["step"]) for a in received] == [
         ("loss-spike", "firing", 1, SPIKE_STEP), ("loss-spike", "resolved", 1, SPIKE_STEP + 5),
         ("nan-loss", "firing", 0, NAN_STEP), ("nan-loss", "resolved", 0, NAN_STEP + 1)]
-    assert received[2]["value"] == "nan" and received[0]["value"] == 9.5
+    spike = received[0]  # numbers as JSON numbers, the threshold the line shows
+    assert spike["value"] == 9.5 and isinstance(spike["threshold"], float) and spike["unit"] is None
+    assert f"(threshold {spike['threshold']:.6g})" in spike["message"]
+    assert (received[2]["value"], received[2]["value_text"]) == (None, "nan")
 
     again = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(out), "--fail-on", "spike,behind"],
                            capture_output=True, text=True, timeout=60)
@@ -89,6 +92,36 @@ def test_replay_raises_exactly_the_nan_and_the_spike(tmp_path: Path) -> None:
     clean = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(tmp_path / "tb2"),
                             "--fail-on", "stall,throughput"], capture_output=True, text=True, timeout=60)
     assert clean.returncode == 0, clean.stderr
+
+
+def documented_schema() -> tuple[dict[str, set[type]], dict]:
+    """docs/alerts.md's ``--on-alert`` table (field -> the JSON types it allows) and its example."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "alerts.md").read_text()
+    section = text[text.index("### The `--on-alert` JSON"):text.index("## Thresholds")]
+    kinds = {"string": {str}, "integer": {int}, "number": {int, float}, "null": {type(None)}}
+    fields = {name: set().union(*(kinds[k] for k in kind.split(" or ")))
+              for name, kind in re.findall(r"^\| `(\w+)` \| ([a-z ]+) \|", section, re.M)}
+    example = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    return fields, example
+
+
+def test_on_alert_json_is_the_documented_schema_and_example(tmp_path: Path) -> None:
+    """A replay of the genuine diverging run hands ``--on-alert`` exactly docs/alerts.md's example,
+    and every payload has the table's fields, in its order, with its types."""
+    hook, sent = tmp_path / "hook.py", tmp_path / "sent.jsonl"
+    hook.write_text(HOOK)
+    fixture = Path(__file__).parent / "fixtures" / "real" / "mf1.9-diverge" / "output"
+    done = subprocess.run([str(BIN), "replay", str(fixture), "--out", str(tmp_path / "tb"), "-q",
+                           "--on-alert", f"{sys.executable} {hook} {sent}"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    fields, example = documented_schema()
+    payloads = [json.loads(line) for line in sent.read_text().splitlines()]
+    assert [p["alert"] for p in payloads] == ["nan-grad-norm", "overflow"]
+    assert payloads[0] == example
+    assert len(fields) == 12
+    for payload in payloads:
+        assert list(payload) == list(fields)
+        assert [name for name, value in payload.items() if type(value) not in fields[name]] == [], payload
 
 
 def test_bad_fail_on_and_on_alert_are_one_line_errors(tmp_path: Path) -> None:

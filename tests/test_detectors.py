@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 
+import pytest
+
 from parsers import tags
+from parsers.assembler import ERROR_TAG
 from parsers.records import Record
 from sidecar.analysis.alerts import Alert, Alerts
 from sidecar.analysis.detectors import AlertSettings
@@ -45,7 +49,7 @@ def test_tiny_losses_and_warmup_do_not_alarm_but_a_real_spike_does() -> None:
     assert seen == []
     alerts.observe(0, step(201, loss=0.5), 0.0)
     assert names(seen) == [("loss-spike", 0, 201, False)]
-    assert seen[0].threshold == "0.21015"  # the absolute floor (median 0.01015 + 0.2) decides
+    assert seen[0].threshold == pytest.approx(0.21015)  # the absolute floor (median 0.01015 + 0.2) decides
 
 
 def test_a_loss_that_jumped_and_stayed_up_stays_alerted() -> None:
@@ -200,3 +204,45 @@ def test_a_restored_episode_is_not_raised_again_and_ends_once() -> None:
     assert names(seen) == []
     again.observe(0, step(16, loss=2.0), 120.0)
     assert names(seen) == [("nan-loss", 0, 16, True)]
+
+
+def test_every_detector_gives_numbers_as_numbers_and_a_unit_of_its_own() -> None:
+    """Each kind of alert as ``--on-alert`` gets it: ``threshold`` a number (``None`` where a
+    detector has none), a non-finite value as ``value_text``, the unit apart, valid strict JSON;
+    the log line reads as before."""
+    alerts, seen = watch(AlertSettings(stall={"factor": 10, "min_seconds": 5}, rank_behind={"steps": 10},
+                                       divergence={"steps": 10, "rel": 0.3}), live=True)
+    for n in range(1, 80):
+        alerts.observe(0, step(n, loss=math.inf if n == 70 else 2.0, grad_norm=math.nan if n == 72 else 1.0,
+                               throughput=20.0 if 70 <= n < 76 else 100.0, iteration_time=2000.0), float(n))
+        if n <= 60:
+            alerts.observe(1, step(n, loss=4.0 if 40 <= n < 55 else 2.1), float(n))
+        record = step(n)
+        record.overflow = 10 <= n < 25
+        alerts.observe(2, record, float(n))
+    alerts.observe(2, Record(80, None, texts={ERROR_TAG: "Traceback (most recent call last):"}), 80.0)
+    alerts.check_behind()
+    alerts.check_stalls(200.0)
+    firing: dict[str, Alert] = {}
+    for alert in seen:
+        if not alert.resolved:
+            firing.setdefault(alert.name, alert)
+    assert sorted(firing) == ["divergence", "error", "loss-spike", "nan-grad-norm", "nan-loss", "overflow",
+                              "rank-behind", "stall", "throughput-drop"]
+    payloads = {name: json.loads(json.dumps(a.as_json(), allow_nan=False)) for name, a in firing.items()}
+    for name, payload in payloads.items():
+        none = name in ("nan-loss", "nan-grad-norm", "overflow", "error")
+        assert (payload["threshold"] is None) == none, name
+        assert isinstance(payload["threshold"], (int, float, type(None))), name
+        assert payload["unit"] == ("s" if name == "stall" else None), name
+        assert payload["message"] == firing[name].line()
+    assert (payloads["nan-loss"]["value"], payloads["nan-loss"]["value_text"]) == (None, "inf")
+    assert (payloads["nan-grad-norm"]["value"], payloads["nan-grad-norm"]["value_text"]) == (None, "nan")
+    assert (payloads["rank-behind"]["value"], payloads["rank-behind"]["threshold"]) == (19, 10)
+    assert payloads["throughput-drop"]["value"] == 20.0 and payloads["throughput-drop"]["value_text"] is None
+    assert firing["stall"].line() == ("ALERT stall: rank 0, step 79: seconds since the last step = 121 "
+                                      "(threshold 20 s); no new step; hung in a collective, or the worker died?")
+    assert (payloads["stall"]["value"], payloads["stall"]["threshold"]) == (121, 20)
+    assert firing["nan-loss"].line() == "ALERT nan-loss: rank 0, step 70: loss = inf; not a finite number"
+    assert firing["rank-behind"].line() == ("ALERT rank-behind: rank 1, step 60: step = 19 (threshold 10); "
+                                            "19 steps behind the furthest rank (step 79)")

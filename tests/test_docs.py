@@ -23,6 +23,7 @@ import yaml
 
 from fidelity import COMPARED_TAGS, compare_run, load_truth
 from tb_read import scalars
+from tb_server import TensorBoard, tensorboard
 from sidecar import cli
 from sidecar.service.config import SidecarConfig, load_config
 
@@ -244,3 +245,42 @@ def test_the_job_aggregate_example_runs(tmp_path: Path) -> None:
     mean = scalars(out / "aggregate" / "job")["loss/mean"]
     assert sorted(mean) == list(range(1, 201))
     assert all(mean[s] == pytest.approx((ranks[0][s] + ranks[1][s]) / 2, rel=1e-6) for s in mean)
+
+
+def band_runs(tb: TensorBoard, tag: str) -> list[str] | None:
+    """The runs whose ``<tag>/mean`` the Custom Scalars band chart of ``tag`` draws, asked as the
+    browser asks (the chart's tags as one regex, each run of the selector in turn); ``None`` before
+    the merged layout has that chart."""
+    layout = tb.get("/data/plugin/custom_scalars/layout")
+    series = [s for c in layout.get("category", []) if c["title"] == tag for chart in c["chart"]
+              if "margin" in chart for s in chart["margin"]["series"]] if isinstance(layout, dict) else []
+    if not series:
+        return None
+    tags = [name for s in series for name in (s["value"], s["lower"], s["upper"])]
+    regex = "|".join("(" + re.sub(r"([.*+?^${}()|\[\]\\])", r"\\\1", t) + ")" for t in tags)
+    runs = tb.get("/data/runs")
+    answers = {run: tb.get("/data/plugin/custom_scalars/scalars", run=run, tag=regex) for run in runs}
+    return sorted(run for run, answer in answers.items() if answer["tag_to_events"].get(f"{tag}/mean"))
+
+
+def test_the_multi_node_configuration_draws_one_mean(tmp_path: Path) -> None:
+    """docs/many-ranks.md's node command (with its options, one sidecar per node, each with its
+    ``--instance``) and the job aggregate: the band chart of the merged layout draws one mean,
+    the job's."""
+    [node] = [a for doc, a, whole in COMMANDS if whole and doc == "docs/many-ranks.md" and a[:1] == ["--watch"]]
+    paths = ("--watch", "--out")
+    options = [arg for prev, arg in zip(["", *node], node) if arg not in paths and prev not in paths]
+    out = tmp_path / "tb"
+    for rank in (0, 1):
+        logs = tmp_path / f"node{rank}" / "log"
+        shutil.copytree(EXAMPLE / "output" / "log" / f"rank_{rank}", logs / f"rank_{rank}")
+        assert cli.main(["replay", str(logs), "--out", str(out), "--instance", f"node{rank}", "-q", *options]) == 0
+    assert cli.main(["aggregate", "--out", str(out), "--once", "-q"]) == 0
+    on_disk = {str(p.parent.relative_to(out)) for p in out.rglob("events.out.tfevents.*")}
+    with tensorboard(out) as tb:
+        tb.wait_for("/data/runs", lambda runs: set(runs) >= on_disk)
+        tb.wait_for("/data/plugin/scalars/tags", lambda tags: all(tags.get(run) for run in on_disk
+                                                                   if run.startswith(("aggregate/", "rank_"))))
+        tb.wait_for("/data/plugin/custom_scalars/layout", lambda _: band_runs(tb, "loss") is not None)
+        drawn = band_runs(tb, "loss")
+    assert drawn == ["aggregate/job"]

@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from live_helpers import LiveEnv, RankLog, free_port, wait_until
+from live_helpers import LiveEnv, RankLog, free_port, metrics, scrape, wait_until
 from tb_read import texts
 
 pytest_plugins = ["live_helpers"]
@@ -41,23 +40,6 @@ TRACEBACK = [
 
 def plateau(step: int) -> float:
     return 2.0 + 0.01 * (step % 5)
-
-
-def metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of ``/metrics``: (name, sorted labels but the job's) -> value; empty when down."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
-    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "training_job"))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def sample(port: int, name: str, **labels: str) -> float | None:
-    return metrics(port).get((name, tuple(sorted(labels.items()))))
 
 
 class Job:
@@ -88,7 +70,7 @@ class Job:
     def rank1_stalled_three_thresholds(self) -> None:
         """Rank 1 (silent) is alerted, and three thresholds passed since its last step."""
         wait_until(lambda: "ALERT stall: rank 1" in self.sidecar.stderr(), 15, "rank 1's stall alert")
-        wait_until(lambda: (sample(self.port, "mstb_sidecar_training_seconds_since_step", rank="1") or 0) >= 3, 15,
+        wait_until(lambda: (scrape(self.port, "mstb_sidecar_training_seconds_since_step", rank="1") or 0) >= 3, 15,
                    "three thresholds after rank 1's last step")
 
     def state(self, rank: int) -> dict[str, float]:
@@ -97,7 +79,7 @@ class Job:
                 if name == "mstb_sidecar_training_state" and dict(labels)["rank"] == str(rank)}
 
     def stall_active(self, rank: int) -> float:
-        return sample(self.port, "mstb_sidecar_alert_active", rank=str(rank), alert="stall") or 0.0
+        return scrape(self.port, "mstb_sidecar_alert_active", rank=str(rank), alert="stall") or 0.0
 
 
 def _checkpointed(live: LiveEnv, check) -> bool:
@@ -191,7 +173,7 @@ def test_a_restart_keeps_the_finish_and_the_open_stall(live: LiveEnv, tmp_path: 
                                      and s["runs"]["0"]["alerts"]["lifecycle"] == "finished"), 15, "the checkpoint")
     job.sidecar.kill()
     job.sidecar.start()
-    wait_until(lambda: (sample(job.port, "mstb_sidecar_training_seconds_since_step", rank="1") or 0) >= 3, 15,
+    wait_until(lambda: (scrape(job.port, "mstb_sidecar_training_seconds_since_step", rank="1") or 0) >= 3, 15,
                "three thresholds after the restart")
     err = job.sidecar.stderr()
     assert "ALERT" not in err, err
@@ -248,9 +230,9 @@ def test_a_nan_episode_open_at_a_kill_is_not_raised_again(live: LiveEnv, tmp_pat
     job.sidecar.kill()
     job.sidecar.start()
     job.steps(5)
-    wait_until(lambda: sample(job.port, "mstb_sidecar_training_step", rank="1") == STEPS + 5, 10, "the new steps")
+    wait_until(lambda: scrape(job.port, "mstb_sidecar_training_step", rank="1") == STEPS + 5, 10, "the new steps")
     assert "ALERT nan" not in job.sidecar.stderr()
-    assert sample(job.port, "mstb_sidecar_alert_active", rank="0", alert="nan-loss") == 1
+    assert scrape(job.port, "mstb_sidecar_alert_active", rank="0", alert="nan-loss") == 1
     for log in job.logs:
         log.loss_of = plateau
     job.steps(1)

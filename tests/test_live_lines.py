@@ -100,7 +100,9 @@ def test_long_lines_are_skipped_and_counted(live: LiveEnv) -> None:
     log.write(b"w" * (1 << 20) + b"\n")
     log.step(5)
     wait_until(lambda: all_written(live.out, [log]), 10, "the steps around the long lines")
-    assert wait_until(lambda: (scrape(port, 'mstb_sidecar_records_not_written_total{rank="0",reason="too-long"}') or 0) >= 2, 5, "the long-line counter")
+    too_long = {"rank": "0", "reason": "too-long"}
+    assert wait_until(lambda: (scrape(port, "mstb_sidecar_records_not_written_total", **too_long) or 0) >= 2, 5,
+                      "the long-line counter")
     log.write(b"[INFO] q" + b"z" * (2 << 20))  # over the cap, no newline yet
     time.sleep(0.5)
     rc, _ = sidecar.stop()
@@ -139,8 +141,9 @@ def test_counts_outlive_the_file_they_came_from(live: LiveEnv) -> None:
     log.write(b"[INFO] 2026-11-29 10:00:00,000 [x.py:1] f: { Epoch:[  1/  1], step:[oops/100], loss: 1\n")
     log.step(3)
     sidecar = live.sidecar("--metrics-port", str(port), "--config", str(config)).start()
-    metric = 'mstb_sidecar_records_not_written_total{rank="0",reason="malformed"}'
-    assert wait_until(lambda: scrape(port, metric) == 1, 10, "the malformed line to be counted")
+    malformed = {"rank": "0", "reason": "malformed"}
+    metric = "mstb_sidecar_records_not_written_total"
+    assert wait_until(lambda: scrape(port, metric, **malformed) == 1, 10, "the malformed line to be counted")
     log.rotate()
     log.step(3)
     wait_until(lambda: all_written(live.out, [log]), 10, "the steps after the rollover")
@@ -148,5 +151,5 @@ def test_counts_outlive_the_file_they_came_from(live: LiveEnv) -> None:
     time.sleep(0.3)  # past rotate_quiet; SIGHUP rescans at once (with inotify, rescans are rare)
     sidecar.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: scrape(port, "mstb_sidecar_files") == 1, 10, "the deleted file to be forgotten")
-    assert scrape(port, metric) == 1
+    assert scrape(port, metric, **malformed) == 1
     live.finish(sidecar, [log])

@@ -74,11 +74,12 @@ def test_the_daemon_serves_metrics_and_probes_on_their_paths_only(tmp_path: Path
         assert (f'mstb_sidecar_build_info{{python="{platform.python_version()}",sidecar="{socket.gethostname()}",'
                 f'training_job="{job}",version="{__version__}"}} 1.0') in text
         deadline = time.monotonic() + 30
-        while 'mstb_sidecar_records_written_total{rank="1"} 200.0' not in text and time.monotonic() < deadline:
+        while f'mstb_sidecar_records_written_total{{rank="1",training_job="{job}"}} 200.0' not in text \
+                and time.monotonic() < deadline:
             time.sleep(0.2)
             text = get(port, "/metrics")[1]
-        assert 'mstb_sidecar_records_written_total{rank="0"} 200.0' in text
-        assert 'mstb_sidecar_records_written_total{rank="1"} 200.0' in text
+        assert f'mstb_sidecar_records_written_total{{rank="0",training_job="{job}"}} 200.0' in text
+        assert f'mstb_sidecar_records_written_total{{rank="1",training_job="{job}"}} 200.0' in text
         for path in ("/", "/nonexistent", "/metrics/x", "/healthz/", "/favicon.ico"):
             code, text = get(port, path)
             assert code == 404 and "mstb_sidecar" not in text, path

@@ -144,7 +144,7 @@ def test_live_unreadable_directory_is_reported_in_log_status_and_metrics_then_re
     (job / "log" / "rank_1").chmod(0o700)
     port = _free_port()
     cmd = [*AS_USER, str(BIN), "--watch", str(job / "log"), "--out", str(tmp_path / "out"), "--poll",
-           "--status-interval", "0", "--metrics-port", str(port)]
+           "--status-interval", "0", "--metrics-port", str(port), "--job", "llama"]
     err = tmp_path / "stderr"
     with open(err, "w") as fh:
         proc = subprocess.Popen(cmd, stderr=fh)
@@ -156,7 +156,7 @@ def test_live_unreadable_directory_is_reported_in_log_status_and_metrics_then_re
         assert status.endswith("status: following 1 file(s), 1 rank(s), last step 16 (rank 0), training finished "
                                "(rank 0), lag 0 bytes, not written: 1 unreadable"), status
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert 'mstb_sidecar_records_not_written_total{rank="1",reason="unreadable"} 1.0' in metrics
+        assert 'mstb_sidecar_records_not_written_total{rank="1",reason="unreadable",training_job="llama"} 1.0' in metrics
         (job / "log" / "rank_1").chmod(0o755)  # fixed: it is read without a restart
         wait_until(lambda: loss_steps(tmp_path / "out" / "rank_1") == 16, 30, "rank 1 once readable")
         proc.send_signal(signal.SIGTERM)

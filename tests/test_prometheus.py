@@ -108,7 +108,8 @@ scrape_configs:
         assert alert["labels"]["rank"] == "1" and alert["labels"]["alert"] == "nan-loss"
         assert alert["annotations"]["summary"] == "nan-loss on rank 1 of llama-test"
         raised = wait_until(lambda: query(web, "mstb_sidecar_alerts_total"), 10, "the alert counter")
-        assert [(r["metric"]["rank"], r["metric"]["kind"], r["value"][1]) for r in raised] == [("1", "nan-loss", "1")]
+        labels = ("rank", "alert", "training_job")
+        assert [(*(r["metric"][k] for k in labels), r["value"][1]) for r in raised] == [("1", "nan-loss", "llama-test", "1")]
 
         dashboard = json.loads((RULES.parent / "grafana" / "mstb-sidecar-job.json").read_text())
         for panel in dashboard["panels"]:  # every chart of the shipped dashboard has data for this job

@@ -66,7 +66,9 @@ CHECKPOINT_NEAR = 2  # a save at most this many steps before a drop explains it
 
 @dataclass(frozen=True)
 class Alert:
-    """One alert or its resolution. ``rank`` is ``None`` for the ranks together."""
+    """One alert or its resolution. ``rank`` is ``None`` for the ranks together; ``threshold`` is
+    ``None`` where there is none (NaN, overflow, errors); ``unit`` is that of ``value`` and
+    ``threshold`` when the metric's name does not say it (``"s"`` for a stall)."""
 
     name: str  # "loss-spike", "nan-grad-norm", ...: the TensorBoard tag is alerts/<name>
     group: Group
@@ -74,24 +76,29 @@ class Alert:
     step: int
     metric: str
     value: float | None
-    threshold: str
+    threshold: float | None
     detail: str
     resolved: bool = False
     wall_time: float | None = None
+    unit: str | None = None
 
     def line(self) -> str:
         where = f"rank {self.rank}" if self.rank is not None else "all ranks"
         if self.resolved:
             return f"RESOLVED {self.name}: {where}, step {self.step}: {self.detail}"
         value = "" if self.value is None else f" = {self.value:.6g}"
-        limit = f" (threshold {self.threshold})" if self.threshold else ""
+        unit = f" {self.unit}" if self.unit else ""
+        limit = "" if self.threshold is None else f" (threshold {self.threshold:.6g}{unit})"
         return f"ALERT {self.name}: {where}, step {self.step}: {self.metric}{value}{limit}; {self.detail}"
 
     def as_json(self) -> dict[str, object]:
-        value = self.value if self.value is None or math.isfinite(self.value) else str(self.value)
+        """The ``--on-alert`` payload (its schema is in docs/alerts.md): numbers as JSON numbers,
+        ``null`` for none; a NaN or infinite value (not JSON) is ``null`` with ``value_text``."""
+        finite = self.value is None or math.isfinite(self.value)
         return {"alert": self.name, "group": self.group.value, "state": "resolved" if self.resolved else "firing",
-                "rank": self.rank, "step": self.step, "metric": self.metric, "value": value,
-                "threshold": self.threshold, "detail": self.detail, "message": self.line()}
+                "rank": self.rank, "step": self.step, "metric": self.metric,
+                "value": self.value if finite else None, "value_text": None if finite else str(self.value),
+                "threshold": self.threshold, "unit": self.unit, "detail": self.detail, "message": self.line()}
 
 
 @dataclass(frozen=True)
@@ -213,7 +220,7 @@ class Alerts:
         if record.texts:
             error = record.texts.get(ERROR_TAG)
             if error is not None and self.settings.errors.enabled and not seen:
-                self._emit(Alert("error", Group.ERROR, rank, record.step, "log", None, "", error[:300],
+                self._emit(Alert("error", Group.ERROR, rank, record.step, "log", None, None, error[:300],
                                  wall_time=record.wall_time))
             if tags.TEXT_CHECKPOINT in record.texts:
                 watch.checkpoint_step = record.step
@@ -224,7 +231,7 @@ class Alerts:
         if watch.stall is not None and self.live:
             ms = scalars.get(tags.ITERATION_TIME)
             if watch.stall.arrival(now, None if ms is None else ms / 1000.0) == "end":
-                self._emit(Alert("stall", Group.STALL, rank, record.step, "step", None, "",
+                self._emit(Alert("stall", Group.STALL, rank, record.step, "step", None, None,
                                  "a new step arrived", resolved=True, wall_time=record.wall_time))
         isfinite = math.isfinite
         for metric, nan, spike in watch.checks:
@@ -270,7 +277,7 @@ class Alerts:
         was, watch.lifecycle = watch.lifecycle, state
         stall = watch.stall
         if state is not Lifecycle.RUNNING and stall is not None and stall.episode.update(False) == "end":
-            self._emit(Alert("stall", Group.STALL, rank, record.step, "step", None, "",
+            self._emit(Alert("stall", Group.STALL, rank, record.step, "step", None, None,
                              f"the training {'finished' if state is Lifecycle.FINISHED else 'died'}",
                              resolved=True, wall_time=record.wall_time))
         if was is None and state is Lifecycle.RUNNING:
@@ -282,7 +289,7 @@ class Alerts:
 
     def _level(self, name: str, group: Group, rank: int, record: Record, metric: str, value: float | None,
                verdict: str, threshold: float, detail: str) -> None:
-        limit = "" if threshold != threshold else f"{threshold:.6g}"
+        limit = None if threshold != threshold else threshold
         self._emit(Alert(name, group, rank, record.step, metric, value, limit, detail, resolved=verdict == "end",
                          wall_time=record.wall_time))
 
@@ -315,7 +322,7 @@ class Alerts:
             ranks = sorted(sorted(losses), key=losses.__getitem__)  # ties: the lower rank
             detail = (f"loss from {finite[0]:.6g} (rank {ranks[0]}) to {finite[-1]:.6g} (rank {ranks[-1]}) "
                       f"for {s.steps} steps" if verdict == "start" else "the ranks' losses agree again")
-            self._emit(Alert("divergence", Group.DIVERGENCE, None, step, "loss spread", spread, f"{limit:.6g}",
+            self._emit(Alert("divergence", Group.DIVERGENCE, None, step, "loss spread", spread, limit,
                              detail, resolved=verdict == "end", wall_time=entry.wall))
 
     def check_behind(self, front: int | None = None) -> None:
@@ -339,7 +346,7 @@ class Alerts:
                 detail = (f"{gap} steps behind the furthest rank (step {front})" if verdict == "start"
                           else "caught up with the other ranks")
                 self._emit(Alert("rank-behind", Group.BEHIND, rank, step, "step", gap,
-                                 str(limit), detail, resolved=verdict == "end"))
+                                 limit, detail, resolved=verdict == "end"))
 
     def check_stalls(self, now: float) -> None:
         """Live: a rank with no new step for too long (a hang in a collective, a dead worker)."""
@@ -347,8 +354,8 @@ class Alerts:
             if watch.stall is not None and watch.stall.check(now) == "start" and watch.last_step is not None:
                 limit = watch.stall.limit()
                 self._emit(Alert("stall", Group.STALL, rank, watch.last_step, "seconds since the last step",
-                                 round(now - (watch.arrived or now), 1), f"{limit:.0f} s",
-                                 "no new step; hung in a collective, or the worker died?"))
+                                 round(now - (watch.arrived or now), 1), round(limit),
+                                 "no new step; hung in a collective, or the worker died?", unit="s"))
 
     def next_check(self, now: float) -> float | None:
         """Seconds until the next stall could be due (the live loop wakes by then)."""

@@ -1,4 +1,5 @@
-"""``--on-alert CMD``: a user's command run for each alert, with the alert as JSON on stdin.
+"""``--on-alert CMD``: a user's command run for each alert, with the alert as JSON on stdin
+(:meth:`sidecar.analysis.alerts.Alert.as_json`; its schema is in docs/alerts.md).
 
 The command is an argument list (split once at start-up, like a shell would split it) and is
 run without a shell, so nothing in an alert (paths, log text) can become shell syntax. It runs on

@@ -1,7 +1,9 @@
 """Optional HTTP endpoint (``--metrics-port``): Prometheus metrics and health probes.
 
 - ``/metrics``: the sidecar's own figures, collected from the engine when Prometheus asks, so
-  the hot path pays nothing; ``mstb_sidecar_build_info{version,python}`` is 1;
+  the hot path pays nothing. Every series carries ``training_job`` (``--job``), so a dashboard's
+  job selector applies to all of them; per-rank ones add ``rank``, and an alert's name is the
+  label ``alert`` wherever it appears. ``mstb_sidecar_build_info{version,python}`` is 1;
   ``mstb_sidecar_training_state{state}`` says whether each rank runs, finished or failed.
 - ``/healthz``: 200 while the main loop ran within its watchdog interval (systemd's
   ``WatchdogSec`` when set, else :data:`STALE_AFTER`), 503 once it did not: a stuck sidecar.
@@ -23,6 +25,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from socketserver import TCPServer, ThreadingMixIn
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -45,6 +48,8 @@ TRAINING_GAUGES = {
     tags.MODEL_FLOPS: ("model_tflops_per_device", "Latest model TFLOPS per device"),
     tags.ITERATION_TIME: ("step_seconds", "Latest step time as the log reports it"),
 }
+PER_RANK = ["training_job", "rank"]  # the labels of every per-rank series; the others carry training_job
+F = TypeVar("F", CounterMetricFamily, GaugeMetricFamily)
 ALERT_HOLD = 60.0  # a NaN that lasted one step must still reach a Prometheus scraping every 15-30 s
 STALE_AFTER = 30.0  # without a systemd watchdog: three of the main loop's longest waits (10 s)
 
@@ -62,52 +67,52 @@ class EngineCollector(Collector):
         build.add_metric([__version__, platform.python_version(), self.job, engine.settings.instance], 1)
         yield build
         yield from self._training(engine, time.monotonic())
-        yield CounterMetricFamily("mstb_sidecar_bytes_read", "Log bytes read", value=engine.bytes_read)
-        yield CounterMetricFamily("mstb_sidecar_lines_read", "Log lines read", value=engine.lines_read)
-        written = CounterMetricFamily("mstb_sidecar_records_written", "Step records written", labels=["rank"])
+        job = [self.job]
+        yield self._one(CounterMetricFamily, "mstb_sidecar_bytes_read", "Log bytes read", engine.bytes_read)
+        yield self._one(CounterMetricFamily, "mstb_sidecar_lines_read", "Log lines read", engine.lines_read)
+        written = CounterMetricFamily("mstb_sidecar_records_written", "Step records written", labels=PER_RANK)
         for rank_id, count in sorted(engine.accounting.written.items()):
-            written.add_metric([str(rank_id)], count)
+            written.add_metric([*job, str(rank_id)], count)
         yield written
         dropped = CounterMetricFamily(
             "mstb_sidecar_records_not_written",
             "Records or lines read but not written, by reason (duplicate, superseded, malformed, too-long, unreadable)",
-            labels=["rank", "reason"],
+            labels=[*PER_RANK, "reason"],
         )
         for (rank_id, reason), count in sorted(engine.accounting.dropped.items()):
-            dropped.add_metric([str(rank_id), reason.value], count)
+            dropped.add_metric([*job, str(rank_id), reason.value], count)
         yield dropped
-        yield GaugeMetricFamily("mstb_sidecar_files", "Files followed", value=len(sources))
-        yield GaugeMetricFamily(
-            "mstb_sidecar_lag_bytes", "Bytes written to logs but not read yet",
-            value=sum(max(s.tail.size - s.tail.offset, 0) for s in sources),
-        )
-        points = CounterMetricFamily("mstb_sidecar_points_written", "Values written to event files", labels=["rank"])
-        last = GaugeMetricFamily("mstb_sidecar_last_step", "Latest global step written", labels=["rank"])
+        yield self._one(GaugeMetricFamily, "mstb_sidecar_files", "Files followed", len(sources))
+        yield self._one(GaugeMetricFamily, "mstb_sidecar_lag_bytes", "Bytes written to logs but not read yet",
+                        sum(max(s.tail.size - s.tail.offset, 0) for s in sources))
+        points = CounterMetricFamily("mstb_sidecar_points_written", "Values written to event files", labels=PER_RANK)
         for rank_id, rank in sorted(engine.ranks.items()):
-            points.add_metric([str(rank_id)], rank.writer.points_written)
-            if rank.stats.last_step is not None:
-                last.add_metric([str(rank_id)], rank.stats.last_step)
+            points.add_metric([*job, str(rank_id)], rank.writer.points_written)
         yield points
-        yield last
         if engine.aggregator is not None:
-            yield GaugeMetricFamily("mstb_sidecar_aggregate_pending_steps",
-                                    "Steps the cross-rank aggregate waits for a rank to report",
-                                    value=engine.aggregator.pending_steps())
-            yield CounterMetricFamily("mstb_sidecar_aggregate_incomplete_steps",
-                                      "Aggregate steps written without every rank (a rank late past "
-                                      "--aggregate-timeout, or a replay whose input ended first)",
-                                      value=engine.aggregator.incomplete_steps)
+            yield self._one(GaugeMetricFamily, "mstb_sidecar_aggregate_pending_steps",
+                            "Steps the cross-rank aggregate waits for a rank to report",
+                            engine.aggregator.pending_steps())
+            yield self._one(CounterMetricFamily, "mstb_sidecar_aggregate_incomplete_steps",
+                            "Aggregate steps written without every rank (a rank late past "
+                            "--aggregate-timeout, or a replay whose input ended first)",
+                            engine.aggregator.incomplete_steps)
         alerts = CounterMetricFamily("mstb_sidecar_alerts", "Alert episodes begun (rank 'all': across ranks)",
-                                     labels=["rank", "kind"])
-        for (rank_id, kind), count in sorted(engine.alerts.counts.items()):
-            alerts.add_metric(["all" if rank_id < 0 else str(rank_id), kind], count)
+                                     labels=[*PER_RANK, "alert"])
+        for (rank_id, name), count in sorted(engine.alerts.counts.items()):
+            alerts.add_metric([*job, "all" if rank_id < 0 else str(rank_id), name], count)
         yield alerts
 
+    def _one(self, family_type: type[F], name: str, help_text: str, value: float) -> F:
+        """The one series of a figure of the whole sidecar, labelled with its job."""
+        family = family_type(name, help_text, labels=["training_job"])
+        family.add_metric([self.job], value)
+        return family
 
     def _training(self, engine: Engine, now: float) -> Iterator[GaugeMetricFamily]:
         """Per-rank training gauges and alert state, labelled by job and rank (bounded: one series
-        per rank and metric, one per rank and alert kind raised)."""
-        labels = ["training_job", "rank"]
+        per rank and metric, one per rank and alert raised)."""
+        labels = PER_RANK
         families = {tag: GaugeMetricFamily(f"mstb_sidecar_training_{name}", help_text, labels=labels)
                     for tag, (name, help_text) in TRAINING_GAUGES.items()}
         step = GaugeMetricFamily("mstb_sidecar_training_step", "Latest training step read", labels=labels)
@@ -143,7 +148,7 @@ class EngineCollector(Collector):
         the shipped TrainingStalled rule does not page for a finished or failed rank."""
         family = GaugeMetricFamily("mstb_sidecar_training_state",
                                    "1 for the rank's lifecycle state (running, finished, failed), else 0",
-                                   labels=["training_job", "rank", "state"])
+                                   labels=[*PER_RANK, "state"])
         for rank, watch in sorted(engine.alerts.ranks.items()):
             if watch.lifecycle is not None:
                 for state in Lifecycle:

@@ -1,4 +1,6 @@
-"""The checkpoint: where each followed file was read to, and what each run already holds.
+"""The checkpoint: where each followed file was read to, what each run already holds, and what
+later output depends on that the lines before those offsets stated (each rank's run metadata,
+its parallel layout, the aggregate's waiting steps).
 
 Written atomically (temp file, fsync, rename, fsync of the directory), and only after the
 event files were synced, so it never claims more than is durably on disk. A state file that
@@ -24,7 +26,9 @@ from typing import TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from sidecar.analysis.aggregate import AggregateState
+from sidecar.analysis.parallel_layout import NoteState
 from sidecar.output.event_file import vanished
+from sidecar.output.run_meta import MetaState
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,16 @@ class RunState(BaseModel):
     watermarks: dict[str, int] = {}
 
 
+class RankFacts(BaseModel):
+    """What a rank's log stated that later output depends on, and the chains (live file paths)
+    whose lines stated it: a restart takes it back when it follows one of them again, not for
+    the same rank number of other logs (another experiment replayed into the same ``--out``)."""
+
+    chains: list[str] = []
+    meta: MetaState | None = None  # run metadata: configuration, so global batch and world size
+    layout: NoteState | None = None  # the parallel layout
+
+
 class State(BaseModel):
     version: int = VERSION
     files: list[FileState] = []
@@ -65,6 +79,7 @@ class State(BaseModel):
     runs: dict[str, RunState] = {}
     summaries: dict[str, int] = {}  # MindSpore summary file "dev:ino" -> offset
     aggregate: AggregateState | None = None  # what the cross-rank aggregate still waits for
+    facts: dict[str, RankFacts] = {}  # rank -> what its start-up lines stated so far
 
 
 def instance_name(raw: str) -> str:

@@ -24,8 +24,9 @@ written or counted under a named reason (:mod:`sidecar.analysis.accounting`). Wh
    after the last checkpoint.
 4. what later output depends on is in the checkpoint with the offsets that passed the lines it
    came from, and restored before anything is read: each rank's run metadata (so the global
-   batch size and world size) and the parallel layout its log stated. A step read again after a
-   restart still marks where its segment began and carries the layout its run may not show yet.
+   batch size and world size), the parallel layout its log stated, a head let go without its
+   bar (:mod:`parsers.assembler`). A step read again after a restart still marks where its
+   segment began and carries the layout its run may not show yet.
 
 Ranks are read so that they reach the cross-rank aggregate together: while more than
 :data:`LEAD` steps wait there for some ranks, only those ranks' files are read (unless they have
@@ -711,14 +712,17 @@ class Engine:
         elif not stream.cursor.live:
             self.accounting.drop(rank_id, Reason.SUPERSEDED)
             return
+        elif record.late:  # a bar after its head was let go: the step's throughput and what it gives
+            self.samples.derive(rank_id, record)
         if record.training_step:
             self._write_layout(rank, rank_id, record)  # before the step
         raised = self.alerts.raised
         self.alerts.observe(rank_id, record, now, self.cross.compared_ranks() if self.cross is not None else set())
-        if record.training_step:
+        if record.training_step or record.late:
             thinner = rank.thinner
             if thinner is not None and not thinner.thin(record, self.alerts.raised != raised) and not record.texts:
-                self.accounting.thinned(rank_id)
+                if record.training_step:
+                    self.accounting.thinned(rank_id)
                 return
             self.samples.twins(rank_id, record)
         if rank.writer.write(record):

@@ -687,6 +687,11 @@ class Engine:
                 # read again after a restart: what the step began, the run may not show yet
                 self.meta.stepped(rank_id, record, False)
                 self._write_layout(rank, rank_id, record)
+                throughput = record.scalars.get(tags.THROUGHPUT)
+                if throughput is not None and rank.writer.view.watermarks.get(tags.THROUGHPUT, -1) < record.step:
+                    # its head was written without the bar before a stop: the bar's part, late
+                    self._deliver(rank_id, stream, Record(record.step, record.wall_time,
+                                                          {tags.THROUGHPUT: throughput}, late=True))
                 return
             if verdict is Verdict.SUPERSEDED:
                 self.accounting.drop(rank_id, Reason.SUPERSEDED)

@@ -229,23 +229,27 @@ def _interject(log: PacedLog, line: bytes) -> None:
 
 
 @pytest.mark.parametrize("wake_mode", ["inotify"])
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGKILL-after-a-line", "SIGTERM"])
 def test_a_stop_between_a_steps_head_and_its_bar_keeps_its_throughput(live: LiveEnv, tmp_path: Path,
-                                                                      sig: int) -> None:
+                                                                      stop: str) -> None:
     """Step 10's head is read and, its bar not coming within the companion wait, written without
-    its throughput; a checkpoint passes it. The sidecar stops (SIGTERM; SIGKILL once a line of
-    another thread followed the head), the bar is written while it is down, and the restarted
-    sidecar gives step 10 its throughput, ``B-samples-per-day`` and ``throughput_vs_samples``."""
+    its throughput. The sidecar stops: SIGKILL before the next checkpoint (the restart reads the
+    head again), SIGKILL once a line of another thread after the head was checkpointed, or
+    SIGTERM (a checkpoint passes the head). The bar is written while it is down, and the
+    restarted sidecar gives step 10 its throughput, ``B-samples-per-day`` and
+    ``throughput_vs_samples``."""
     log = PacedLog(live.output / "log" / "rank_1" / "info.log")
     steps = sum(b"samples/s/p" in line for line in log.lines)
-    sidecar = live.sidecar("--checkpoint-interval", "0.2").start()
+    sidecar = live.sidecar("--checkpoint-interval", "60" if stop == "SIGKILL" else "0.2").start()
     head = log.index(b"step:[   10/")
     log.write_to(head + 1)  # step 10's head, not its bar
     time.sleep(1.0)  # past the companion wait: the step is written without its throughput
-    if sig == signal.SIGKILL:  # a line of another thread after it: a checkpoint passes the head
+    if stop == "SIGKILL-after-a-line":
         _interject(log, NOISE)
         wait_until(lambda: _checkpointed(live) >= log.offset(head + 1) + len(NOISE), 10, "a checkpoint past the head")
-    sidecar.stop(sig)
+    if stop == "SIGKILL":
+        assert _checkpointed(live) <= log.offset(head), "the restart must read the head again"
+    sidecar.stop(signal.SIGTERM if stop == "SIGTERM" else signal.SIGKILL)
     log.write_to(log.at + int(DOWN * PACE))
     sidecar.start()
     _finish(live, sidecar, log, steps)

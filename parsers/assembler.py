@@ -11,6 +11,10 @@ What it adds to the line parsers:
 
 A held line (a head waiting for its bar) is released by its companion, by the next record,
 by :meth:`flush_due` after ``companion_wait`` seconds, or by :meth:`flush` at end of input.
+A head released without its bar stays *open* until the next step line: a bar that comes after
+all (a stop between the two lines, a block-buffered stdout, a replay that ended between them and
+goes on later) gives a ``late`` record of that step with the throughput. The open step is part of
+:meth:`snapshot`, so the checkpoint that passed the head keeps it.
 :attr:`pending_offset` tells the caller where the oldest held line starts, so an offset
 checkpoint never skips a line whose record has not been emitted yet. Time is passed in,
 never read, so the class stays pure and deterministic.
@@ -60,6 +64,7 @@ class StreamAssembler:
         self.family: Family | None = None
         self.pipeline: PipelineLine | None = None
         self._held: _Held | None = None
+        self._open = -1  # the step last released without the bar it waited for (-1: none)
         self._r0_epoch_end: bool | None = None  # does this stream print epoch-end lines?
         self._exp_epoch = -1
         self._exp_offset = 0
@@ -84,10 +89,12 @@ class StreamAssembler:
 
     def snapshot(self) -> dict[str, int]:
         """The state a restarted reader needs to number steps exactly as before."""
-        return {"last_step": self.last_step, "exp_epoch": self._exp_epoch, "exp_offset": self._exp_offset}
+        return {"last_step": self.last_step, "exp_epoch": self._exp_epoch, "exp_offset": self._exp_offset,
+                "open_step": self._open}
 
     def restore(self, snap: dict[str, int]) -> None:
         self.last_step = int(snap.get("last_step", 0))
+        self._open = int(snap.get("open_step", -1))
         self._exp_epoch = int(snap.get("exp_epoch", -1))
         self._exp_offset = int(snap.get("exp_offset", 0))
 
@@ -104,6 +111,9 @@ class StreamAssembler:
             if self._held is not None and self._held.wants is BarLine:
                 self._held.record.scalars[tags.THROUGHPUT] = parsed.throughput
                 out.append(self._release())
+            elif self._held is None and self._open >= 0:
+                out.append(Record(self._open, wall, {tags.THROUGHPUT: parsed.throughput}, late=True))
+                self._open = -1
             return out
         if isinstance(parsed, EpochEndLine):
             if self._held is not None and self._held.wants is EpochEndLine:
@@ -142,14 +152,22 @@ class StreamAssembler:
         if self._held is not None and now - self._held.since >= self.companion_wait:
             if self._held.wants is EpochEndLine:
                 self._learn_no_epoch_end()
-            return [self._release()]
+            return [self._release_open()]
         return []
 
     def flush(self) -> list[Record]:
-        return [self._release()] if self._held is not None else []
+        return [self._release_open()] if self._held is not None else []
+
+    def _release_open(self) -> Record:
+        """Release the held line without its companion; a head stays open for a late bar."""
+        assert self._held is not None
+        if self._held.wants is BarLine:
+            self._open = self._held.record.step
+        return self._release()
 
     def _step(self, line: StepLine, wall: float | None, offset: int, now: float, origin: object) -> list[Record]:
         self.family = line.family
+        self._open = -1
         step = self._global_step(line)
         if not fits_int64(step):
             self.malformed += 1

@@ -164,7 +164,8 @@ class Record:
 
     ``training_step`` marks step records proper: only they move a stream's step forward
     (and backwards, on a training resume). Eval, checkpoint and marker records are attached
-    to the step of the last training step seen on the stream.
+    to the step of the last training step seen on the stream; a ``late`` one carries what a
+    progress bar added to a step whose head was released without it.
     """
 
     step: int
@@ -175,3 +176,4 @@ class Record:
     family: Family | None = None
     overflow: bool = False
     loss_not_available: bool = False
+    late: bool = False  # the rest of a step already released: its bar, read after the head was let go

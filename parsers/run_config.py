@@ -330,6 +330,11 @@ class StartupCollector:
                 merged = self.updates.get(name)
                 self.updates[name] = {**merged, **value} if name in _MERGED and isinstance(merged, dict) else value
 
+    @property
+    def collecting(self) -> bool:
+        """Is a dump open (its lines read, not parsed yet)?"""
+        return self._dump is not None
+
     def flush(self) -> None:
         """End of input: a dump still open is parsed as it is."""
         if self._dump is not None:

@@ -25,6 +25,11 @@ written or counted under a named reason (:mod:`sidecar.analysis.accounting`). Wh
    (:mod:`sidecar.analysis.sequencer`);
 3. a run writer never writes a (tag, step) its directory already shows, even if that was written
    after the last checkpoint.
+4. what later output depends on is in the checkpoint with the offsets that passed the lines it
+   came from, and restored before anything is read: each rank's run metadata (so the global
+   batch size and world size), the parallel layout its log stated, a head let go without its
+   bar (:mod:`parsers.assembler`). A step read again after a restart still marks where its
+   segment began and carries the layout its run may not show yet.
 
 Ranks are read so that they reach the cross-rank aggregate together: while more than
 :data:`LEAD` steps wait there for some ranks, only those ranks' files are read (unless they have
@@ -78,7 +83,16 @@ from sidecar.output.layout import LayoutRun
 from sidecar.output.run_meta import RunMetadata
 from sidecar.output.run_writer import RunWriter
 from sidecar.output.samples import SAMPLES_RUN, SampleTags
-from sidecar.output.state import FileState, RunState, State, StateStore, StreamState, instance_name, runs_match
+from sidecar.output.state import (
+    FileState,
+    RankFacts,
+    RunState,
+    State,
+    StateStore,
+    StreamState,
+    instance_name,
+    runs_match,
+)
 from sidecar.output.thinning import Thinner
 
 log = logging.getLogger(__name__)
@@ -161,8 +175,11 @@ class Source:
         return any(s.assembler.pending_origin is self for s in self.chain.streams.values())
 
     def safe_offset(self) -> int:
-        """Where a restart must read from: the oldest line whose record is not written yet."""
-        pending = [s.assembler.pending_offset for s in self.chain.streams.values() if s.assembler.pending_origin is self]
+        """Where a restart must read from: the oldest line whose record is not written yet (or
+        that opens a configuration dump not read to its end)."""
+        streams = self.chain.streams.values()
+        pending = [s.assembler.pending_offset for s in streams if s.assembler.pending_origin is self]
+        pending += [dump[0] for s in streams if (dump := s.open_dump) is not None and dump[1] is self]
         if self.unprocessed():
             pending.append(self.backlog[self.next][0])
         return min((p for p in pending if p is not None), default=self.tail.offset)
@@ -213,6 +230,8 @@ class Engine:
         self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
         self._other_runs: dict[str, RunWriter] = {}
         self._layouts: dict[int, LayoutNote] = {}  # per rank: what its log states of the parallel layout
+        self._fed: dict[int, set[str]] = {}  # per rank: the chains whose lines stated its metadata or layout
+        self._recalled: set[int] = set()  # ranks whose facts came back from the checkpoint (_recall)
         self.aggregator: CrossRankAggregator | None = None
         self.layout: LayoutRun | None = None
         self.aggregate_run = ""  # its path under --out, once placed
@@ -320,8 +339,10 @@ class Engine:
                 startup: dict[int, list[dict[str, object]]] = {}
                 first = first_record(paths, members[0].candidate.rank, self.settings.rank_pattern, startup)
                 for rank, updates in startup.items():  # the configuration before any run is named
-                    for update in updates:
-                        self.meta.note(rank, update)
+                    if rank not in self._recalled:  # else the checkpoint has it, and maybe more since
+                        self._fed.setdefault(rank, set()).add(key)
+                        for update in updates:
+                            self.meta.note(rank, update)
             self._chain_seq += 1
             chain.order = (*(first if first is not None else LATE), self._chain_seq)
 
@@ -346,6 +367,7 @@ class Engine:
         chain = self.chains.get(candidate.chain)
         if chain is None:
             chain = self.chains[candidate.chain] = Chain(candidate.chain)
+            self._recall(chain.key)
         source = Source(candidate, tail, RankRouter(candidate.rank, self.settings.rank_pattern), chain)
         restored = self._restored_files.pop(tail.identity.key(), None)
         try:
@@ -360,6 +382,21 @@ class Engine:
             tail.close()
             raise
         return source
+
+    def _recall(self, chain: str) -> None:
+        """A chain found: the checkpointed facts of the ranks its lines stated, before anything
+        is read (see point 4 of the module docstring)."""
+        for key, facts in self._restored.facts.items():
+            rank = int(key)
+            if chain not in facts.chains or rank in self._recalled or rank in self._fed:
+                continue
+            self._recalled.add(rank)
+            self._fed[rank] = set(facts.chains)
+            if facts.meta is not None:
+                run = self._restored.runs.get(key)
+                self.meta.load(rank, facts.meta, self.settings.out / (run.name if run and run.name else f"rank_{rank}"))
+            if facts.layout is not None:
+                self._layouts[rank] = LayoutNote(facts.layout)
 
     def _stream(self, chain: Chain, rank: int) -> Stream:
         stream = chain.streams.get(rank)
@@ -550,20 +587,22 @@ class Engine:
         parsed, records = stream.feed(body, start, now, source, cut if body is text else None)
         if stream.startup.updates:
             self.meta.note(rank, stream.startup.take())
+            self._fed.setdefault(rank, set()).add(source.chain.key)
         if parsed is None:
             if self.custom is not None and stream.message is not None:
                 self._custom(rank, stream, stream.message)
         elif type(parsed) in _NOTED:
-            self._note(rank, parsed)
+            self._note(rank, parsed, source.chain.key)
         if stream.assembler.malformed:
             self.accounting.drop(rank, Reason.MALFORMED, stream.assembler.take_malformed())
         for record in records:
             self._deliver(rank, stream, record)
 
-    def _note(self, rank: int, parsed: ParsedLine) -> None:
+    def _note(self, rank: int, parsed: ParsedLine, chain: str) -> None:
         """A line that is not a record but tells the engine something (or is counted)."""
         if isinstance(parsed, (PipelineLine, ParallelConfigLine)):
             self._layouts.setdefault(rank, LayoutNote()).note(parsed)  # not the run: it is named at its first step
+            self._fed.setdefault(rank, set()).add(chain)
         if isinstance(parsed, MalformedLine):
             self.accounting.drop(rank, Reason.MALFORMED)
         elif isinstance(parsed, PipelineLine) and self.cross is not None:
@@ -696,6 +735,14 @@ class Engine:
                 self.cross.observe(rank_id, record, now, verdict is Verdict.RESUME)
             if verdict is Verdict.DUPLICATE:
                 self.accounting.drop(rank_id, Reason.DUPLICATE)
+                # read again after a restart: what the step began, the run may not show yet
+                self.meta.stepped(rank_id, record, False)
+                self._write_layout(rank, rank_id, record)
+                throughput = record.scalars.get(tags.THROUGHPUT)
+                if throughput is not None and rank.writer.view.watermarks.get(tags.THROUGHPUT, -1) < record.step:
+                    # its head was written without the bar before a stop: the bar's part, late
+                    self._deliver(rank_id, stream, Record(record.step, record.wall_time,
+                                                          {tags.THROUGHPUT: throughput}, late=True))
                 return
             if verdict is Verdict.SUPERSEDED:
                 self.accounting.drop(rank_id, Reason.SUPERSEDED)
@@ -721,16 +768,18 @@ class Engine:
         elif not stream.cursor.live:
             self.accounting.drop(rank_id, Reason.SUPERSEDED)
             return
-        note = self._layouts.get(rank_id)
-        if record.training_step and note is not None and (layout := note.take()) is not None:  # before the step
-            rank.writer.write_values(record.step, record.wall_time or time.time(), [layout])
-        compared = self.cross.compared_ranks() if self.cross is not None else set()
+        elif record.late:  # a bar after its head was let go: the step's throughput and what it gives
+            self.samples.derive(rank_id, record)
         if record.training_step:
+            self._write_layout(rank, rank_id, record)  # before the step
+        compared = self.cross.compared_ranks() if self.cross is not None else set()
+        if record.training_step or record.late:
             raised = self.alerts.raised
             self.alerts.observe(rank_id, record, now, compared)
             thinner = rank.thinner
             if thinner is not None and not thinner.thin(record, self.alerts.raised != raised) and not record.texts:
-                self.accounting.thinned(rank_id)
+                if record.training_step:
+                    self.accounting.thinned(rank_id)
                 return
             self.samples.twins(rank_id, record)
             written = rank.writer.write(record)
@@ -742,6 +791,12 @@ class Engine:
             stats.tags.update(record.texts)
         elif not record.training_step:
             self.accounting.drop(rank_id, Reason.DUPLICATE)
+
+    def _write_layout(self, rank: Rank, rank_id: int, record: Record) -> None:
+        """The rank's parallel layout at this training step, if it changed since its run showed it."""
+        note = self._layouts.get(rank_id)
+        if note is not None and (layout := note.take()) is not None:
+            rank.writer.write_values(record.step, record.wall_time or time.time(), [layout])
 
     def _alert_event(self, alert: Alert) -> None:
         """An alert as a text event at its step: in the rank's run, and for alerts about the ranks
@@ -834,10 +889,12 @@ class Engine:
         """Sync every writer and describe what they hold and where each file was read to, with the
         parts replay workers handed over (``parts``, by default :attr:`adopted`)."""
         self.meta.write_due({rank_id: rank.writer for rank_id, rank in self.ranks.items()})
-        state = State(summaries=self.summaries.offsets())
+        mine = self.settings.ranks  # a worker hands over only its own ranks
+        state = State(summaries=self.summaries.offsets(), facts=self._facts(mine))
         for part in self.adopted if parts is None else parts:
             state.files += part.files
             state.runs.update(part.runs)
+            state.facts.update(part.facts)
             for key, streams in part.chains.items():
                 state.chains.setdefault(key, {}).update(streams)
         handed = set(state.runs)
@@ -851,10 +908,12 @@ class Engine:
             view = rank.writer.sync()
             state.runs[str(rank_id)] = RunState(name=rank.name, file=view.file, size=view.size,
                                                 watermarks=dict(view.watermarks))
-        mine = self.settings.ranks  # a worker hands over only its own ranks
         for key, run_state in self._restored.runs.items():
             if mine is None or int(key) in mine:
                 state.runs.setdefault(key, run_state)
+        for key, facts in self._restored.facts.items():  # of logs not followed again (yet)
+            if mine is None or int(key) in mine:
+                state.facts.setdefault(key, facts)
         for chain in self.chains.values():
             state.chains[chain.key] = {
                 str(rank): StreamState(assembler=s.assembler.snapshot(), prev_step=s.cursor.prev_step, live=s.cursor.live)
@@ -872,6 +931,16 @@ class Engine:
             if file_state is not None:
                 state.files.append(file_state)
         return state
+
+    def _facts(self, mine: set[int] | None) -> dict[str, RankFacts]:
+        """Each rank's (of ``mine``, if given) metadata and layout, with the chains that stated them."""
+        metas = self.meta.snapshot(mine)
+        ranks = {int(key) for key in metas} | {rank for rank in self._layouts if mine is None or rank in mine}
+        return {
+            str(rank): RankFacts(chains=sorted(self._fed.get(rank, ())), meta=metas.get(str(rank)),
+                                 layout=note.snapshot() if (note := self._layouts.get(rank)) is not None else None)
+            for rank in ranks
+        }
 
     def _file_state(self, source: Source) -> FileState | None:
         tail = source.tail

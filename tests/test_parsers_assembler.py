@@ -130,3 +130,33 @@ def test_an_experimental_count_running_past_int64_is_dropped_and_counted() -> No
     assert [r.step for r in records] == [top]
     assert asm.take_malformed() == 2 and asm.take_malformed() == 0
 
+
+
+def test_a_bar_after_its_head_was_released_gives_the_step_its_throughput_late() -> None:
+    asm = StreamAssembler(companion_wait=0.5)
+    feed(asm, [HEAD % 5])
+    (released,) = asm.flush_due(1.0)
+    assert tags.THROUGHPUT not in released.scalars
+    (late,) = feed(asm, [BAR])
+    assert late.late and not late.training_step
+    assert late.step == 105 and late.scalars == {tags.THROUGHPUT: 6.81}
+    assert feed(asm, [BAR]) == []  # one bar per head
+
+
+def test_the_open_head_survives_a_checkpoint_and_a_new_step_closes_it() -> None:
+    asm = StreamAssembler()
+    feed(asm, [HEAD % 5])
+    asm.flush()  # a replay that ended between the head and its bar
+    restored = StreamAssembler()
+    restored.restore(asm.snapshot())
+    (late,) = feed(restored, [BAR])
+    assert late.late and late.step == 105 and late.scalars[tags.THROUGHPUT] == 6.81
+    feed(restored, [HEAD % 6])
+    restored.flush()
+    feed(restored, [HEAD % 7, BAR])  # released by its bar: nothing left open
+    assert feed(restored, [BAR]) == []
+    closed = StreamAssembler()
+    feed(closed, [HEAD % 5])
+    closed.flush()
+    feed(closed, [HEAD % 6])  # the next head: the bar that follows is its own
+    assert [r.step for r in feed(closed, [BAR])] == [106]

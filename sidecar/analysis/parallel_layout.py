@@ -5,9 +5,10 @@ depends on the job's world size and stage count, which only the logs state
 (:class:`~parsers.records.ParallelConfigLine`, :class:`~parsers.records.PipelineLine`). A node
 sidecar sees them in its ranks' logs; ``mstb-sidecar aggregate`` sees only the event files. So
 each rank's run gets a value :data:`LAYOUT_TAG` holding the layout as JSON, in the event before
-the first training step written after the layout changed: once per run, again when it changes,
-and once more after a restart of the node sidecar (which does not read the start-up lines again:
-that layout then says only what the log still states, and the reader keeps what it knew).
+the first training step written after the layout changed: once per run, and again when it
+changes. What a rank's log stated, and whether its run shows it yet, is part of the checkpoint
+(:class:`NoteState`): a restart after the start-up lines does not read them again, and neither
+forgets the layout nor writes it a second time.
 
 The value is a string tensor like a text, but of a plugin of its own (:data:`LAYOUT_PLUGIN`),
 which TensorBoard does not display: the Text tab lists the tags the README documents.
@@ -58,12 +59,22 @@ def read_layout(value: summary_pb2.Summary.Value) -> ParallelLayout | None:
         return None
 
 
+class NoteState(BaseModel):
+    """A :class:`LayoutNote` in the checkpoint."""
+
+    layout: ParallelLayout = ParallelLayout()
+    due: bool = False
+
+
 class LayoutNote:
     """One rank's layout as its log states it, and whether its run shows that yet."""
 
-    def __init__(self) -> None:
-        self.layout = ParallelLayout()
-        self._due = False
+    def __init__(self, saved: NoteState | None = None) -> None:
+        self.layout = saved.layout if saved is not None else ParallelLayout()
+        self._due = saved is not None and saved.due
+
+    def snapshot(self) -> NoteState:
+        return NoteState(layout=self.layout, due=self._due)
 
     def note(self, line: ParallelConfigLine | PipelineLine) -> None:
         if line == self.layout.pipeline:

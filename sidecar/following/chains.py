@@ -46,13 +46,17 @@ class Stream:
         self.cursor = ChainCursor()
         self._plain: str | None = None  # the last timestamped line skipped as plain since the last feed
         self.startup = StartupCollector()  # run configuration lines (:mod:`parsers.run_config`)
+        self._dump_start: tuple[int, object] = (0, None)  # where the dump being collected began
         self.message: Message | None = None  # the last line fed, for the custom metrics
 
     def feed(self, body: str, start: int, now: float, origin: object,
              cut: Cut | None = None) -> tuple[ParsedLine | None, list[Record]]:
         """``cut``: where the line's prefix is, if the fast path knows it."""
         message = self.message = self.prefix.split(body, cut)
+        opened = not self.startup.collecting
         self.startup.feed(message)
+        if opened and self.startup.collecting:
+            self._dump_start = (start, origin)
         if self._plain is not None:
             if message.timestamp is None:  # the record takes the time of the line before it
                 self.assembler.feed(None, self.prefix.split(self._plain).timestamp, start, now, origin)
@@ -60,6 +64,12 @@ class Stream:
         parsed = parse_message(message)
         meaning = None if isinstance(parsed, MalformedLine) else parsed  # a bad line must not release a held head
         return parsed, self.assembler.feed(meaning, message.timestamp, start, now, origin)
+
+    @property
+    def open_dump(self) -> tuple[int, object] | None:
+        """(offset, origin) of the first line of a configuration dump still being collected: a
+        checkpoint must not pass it, or a restart would never read the dump whole."""
+        return self._dump_start if self.startup.collecting else None
 
     def skip(self, line: str) -> None:
         """A line :func:`parsers.fast_path.plain` found nothing in, with a timestamp: all the full

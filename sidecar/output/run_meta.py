@@ -24,8 +24,17 @@ values in it do not enter the hash).
 
 A training resume writes a ``SessionLog.START`` that purges every tag's points from the resume
 step on, the card and HParams data too if they were written there; they are written again at
-the resume step then. A restart that no longer finds the start-up lines in the logs takes the
-facts back from ``run.json`` (:meth:`RunMetadata.restore`), so the batch-derived tags go on.
+the resume step then.
+
+Across restarts: what a rank's metadata holds (the configuration read so far, so also the global
+batch size and world size the batch-derived tags need, and where its segment and card are) is
+part of the checkpoint, with the offsets that passed the lines it came from (:class:`MetaState`,
+:meth:`RunMetadata.snapshot`), and taken back (:meth:`RunMetadata.load`) when a log that stated it
+is followed again (:class:`~sidecar.output.state.RankFacts`): a restart after those offsets
+does not read the start-up lines again, and the file that held them may be rotated out by then.
+Lines read again after a restart (those after the oldest held record) state the same facts
+again, which changes nothing. A checkpoint from before this was kept (none for the rank) falls
+back to the facts in ``run.json`` (:meth:`RunMetadata.restore`).
 """
 
 from __future__ import annotations
@@ -33,9 +42,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from pydantic import BaseModel
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
@@ -72,10 +82,26 @@ class _RankMeta:
     batch: tuple[int | None, int | None] = (None, None)  # global batch size, world size
 
 
+class MetaState(BaseModel):
+    """One rank's metadata in the checkpoint. ``config``: its :class:`RunConfig` fields as JSON
+    text (written as ``run.json`` is, so any value a dump holds survives, NaN included);
+    ``job_dump``: its own dump is the one ranks without theirs use. The settings last written
+    are not kept: they are ``run.json``'s, written before the checkpoint is saved."""
+
+    config: str = "{}"
+    job_dump: bool = False
+    dirty: bool = False
+    card_step: int | None = None
+    segment_step: int | None = None
+    segment_wall: float | None = None
+    last_step: int | None = None
+
+
 class RunMetadata:
     def __init__(self) -> None:
         self._ranks: dict[int, _RankMeta] = {}
         self._job_dump: dict | None = None
+        self._loaded: set[int] = set()  # ranks restored from a checkpoint (load)
 
     def _meta(self, rank: int) -> _RankMeta:
         meta = self._ranks.get(rank)
@@ -126,12 +152,41 @@ class RunMetadata:
         meta = self._ranks.get(rank)
         return meta.batch if meta is not None else (None, None)
 
+    def snapshot(self, ranks: set[int] | None = None) -> dict[str, MetaState]:
+        """Every rank's metadata (of ``ranks``, if given) for the checkpoint."""
+        return {
+            str(rank): MetaState(
+                config=json.dumps(asdict(meta.config), default=str, ensure_ascii=False),
+                job_dump=meta.config.dump is not None and meta.config.dump is self._job_dump,
+                dirty=meta.dirty, card_step=meta.card_step, segment_step=meta.segment_step,
+                segment_wall=meta.segment_wall, last_step=meta.last_step)
+            for rank, meta in self._ranks.items() if ranks is None or rank in ranks
+        }
+
+    def load(self, rank: int, state: MetaState, run_dir: Path) -> None:
+        """Go on from a checkpoint's :meth:`snapshot` of ``rank``, whose run is ``run_dir`` (its
+        ``run.json`` holds the settings last written)."""
+        config = RunConfig()
+        config.update(json.loads(state.config))
+        written = _load(run_dir).get("settings")
+        self._ranks[rank] = _RankMeta(
+            config=config, dirty=state.dirty, written=written if isinstance(written, dict) else None,
+            card_step=state.card_step, segment_step=state.segment_step, segment_wall=state.segment_wall,
+            last_step=state.last_step)
+        if state.job_dump:
+            self._job_dump = config.dump
+        self._loaded.add(rank)
+        for rank_id in self._ranks:  # ranks without a dump of their own may borrow this one
+            facts = self.config(rank_id).facts()
+            self._ranks[rank_id].batch = (facts["global_batch_size"], facts["world_size"])
+
     def restore(self, rank: int, run_dir: Path) -> None:
-        """A run that already has a ``run.json`` (a restart that does not read the start-up lines
-        again): its facts give the batch size for the batch-derived tags, and it is not rewritten
-        unless the configuration read from now on differs."""
+        """A run that already has a ``run.json`` and no metadata in the checkpoint (one from before
+        it had them; a restart that does not read the start-up lines again): its facts give the
+        batch size for the batch-derived tags, and it is not rewritten unless the configuration
+        read from now on differs."""
         meta = self._meta(rank)
-        if meta.written is not None or meta.config != RunConfig():
+        if meta.written is not None or meta.config != RunConfig() or rank in self._loaded:
             return
         content = _load(run_dir)
         if not isinstance(content.get("run"), dict) or not isinstance(content.get("settings"), dict):

@@ -50,12 +50,14 @@ class SampleTags:
         self._writer = writer
 
     def derive(self, rank: int, record: Record) -> None:
-        """Add ``batch-size`` and ``B-samples-per-day`` to a training record."""
+        """Add ``batch-size`` and ``B-samples-per-day`` to a training record (a ``late`` part of
+        one gets the latter only: the step has its batch size already)."""
         gbs, world = self._batch(rank)
         if gbs is None:
             return
         scalars = record.scalars
-        scalars.setdefault(tags.BATCH_SIZE, float(gbs))
+        if record.training_step:
+            scalars.setdefault(tags.BATCH_SIZE, float(gbs))
         throughput = scalars.get(tags.THROUGHPUT)
         if throughput is not None and world is not None:
             scalars[B_SAMPLES_PER_DAY] = throughput * world * SECONDS_PER_DAY / 1e9

@@ -1,7 +1,8 @@
 """The checkpoint: where each followed file was read to, what each run already holds, and what
-each rank's alerts need after a restart (lifecycle, last step, open episodes:
-:class:`sidecar.analysis.alerts.WatchState`; absent in checkpoints written before they were kept,
-which load as before).
+later output depends on that the lines before those offsets stated (each rank's run metadata,
+its parallel layout, the aggregate's waiting steps), and what each rank's alerts need after a
+restart (lifecycle, last step, open episodes: :class:`sidecar.analysis.alerts.WatchState`).
+Parts added later are absent in checkpoints written before they were kept; those load as before.
 
 Written atomically (temp file, fsync, rename, fsync of the directory), and only after the
 event files were synced, so it never claims more than is durably on disk. A state file that
@@ -31,7 +32,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from sidecar.analysis.aggregate import AggregateState
 from sidecar.analysis.alerts import WatchState
+from sidecar.analysis.parallel_layout import NoteState
 from sidecar.output.event_file import vanished
+from sidecar.output.run_meta import MetaState
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,16 @@ class RunState(BaseModel):
     alerts: WatchState | None = None  # the rank's lifecycle and open alert episodes (None: before they were kept)
 
 
+class RankFacts(BaseModel):
+    """What a rank's log stated that later output depends on, and the chains (live file paths)
+    whose lines stated it: a restart takes it back when it follows one of them again, not for
+    the same rank number of other logs (another experiment replayed into the same ``--out``)."""
+
+    chains: list[str] = []
+    meta: MetaState | None = None  # run metadata: configuration, so global batch and world size
+    layout: NoteState | None = None  # the parallel layout
+
+
 class State(BaseModel):
     version: int = VERSION
     files: list[FileState] = []
@@ -75,6 +88,7 @@ class State(BaseModel):
     aggregate: AggregateState | None = None  # what the cross-rank aggregate still waits for
     firing: list[str] = []  # alerts about the ranks together whose episode is on
     aggregate_run: str = ""  # the aggregate's run, that ``aggregate`` is of; empty: aggregate/<instance>
+    facts: dict[str, RankFacts] = {}  # rank -> what its start-up lines stated so far
 
 
 def instance_name(raw: str) -> str:

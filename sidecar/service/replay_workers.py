@@ -27,9 +27,10 @@ How:
 Checkpoints while reading, every ``--checkpoint-interval``: the parent asks each worker for its
 part (:data:`PART`), which it hands over between two reads, after the batch that covers what it
 describes (:meth:`Engine.state <sidecar.engine.Engine.state>`: its runs synced, its files' offsets
-before any record it holds). Once every part is in, the parent saves them with the aggregate as it
-is then, which holds at least every step the parts cover; a step read again after a restart is one
-the aggregate ignores or overwrites with the same values. So a replay that is killed goes on from
+before any record it holds, and what its ranks' start-up lines stated: run metadata, parallel
+layout, :class:`~sidecar.output.state.RankFacts`). Once every part is in, the parent saves them
+with the aggregate as it is then, which holds at least every step the parts cover; a step read
+again after a restart is one the aggregate ignores or overwrites with the same values. So a replay that is killed goes on from
 there next time. No part is asked for once a worker has read everything: the end's checkpoint
 is near.
 

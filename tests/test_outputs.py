@@ -1,0 +1,39 @@
+"""The ``--out`` comparison (:mod:`outputs`) sees what it claims to: equal trees compare equal,
+and a point, a text, HParams data or ``run.json`` that differs is named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from outputs import differences, read_outputs
+from parsers.records import Record
+from sidecar.cli import main
+from sidecar.output.run_writer import RunWriter
+
+RANK_1 = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output" / "log" / "rank_1" / "info.log"
+
+
+def test_two_replays_are_equal_and_each_kind_of_difference_is_named(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        assert main(["replay", str(RANK_1), "--out", str(out), "--quiet", "--instance", "test"]) == 0
+    assert differences(a, b) == []
+    shown = read_outputs(a)["rank_1"]
+    assert {"loss", "batch-size", "B-samples-per-day"} <= shown.scalars.keys()
+    assert {"config", "parallel-layout", "_hparams_/session_start_info"} <= shown.tensors.keys()
+    assert shown.plugins["_hparams_/session_start_info"][0] == "hparams"
+
+    content = json.loads((b / "rank_1" / "run.json").read_text())
+    content["settings"]["run.global_batch_size"] = 5
+    (b / "rank_1" / "run.json").write_text(json.dumps(content))
+    shutil.rmtree(b / "rank_1" / "vs_samples")
+    writer = RunWriter(b / "rank_1")
+    writer.write(Record(1000, 0.0, {"loss": 1.0}, {"config": "another card"}))
+    writer.close()
+    found = differences(a, b)
+    assert "rank_1 run.json: differs in ['settings']" in found
+    assert "run rank_1/vs_samples: missing" in found
+    assert "rank_1 scalar loss: 1 step(s) extra, e.g. [1000]" in found
+    assert "rank_1 tensor config: 1 step(s) extra, e.g. [1000]" in found

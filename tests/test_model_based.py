@@ -57,6 +57,8 @@ or they stopped growing without matching; or a timeout):
 
 - TensorBoard shows, in ``rank_N`` and ``rank_N/vs_samples``, exactly the oracle's tags, steps
   and values (as float32: beyond its range +-inf, NaN as NaN, the sign of zero kept);
+- the aggregate shows, at each step every rank has (see below which), the mean (NaN if a value is
+  not finite), min, max and spread of the ranks' values of every aggregated tag;
 - the raw records (decoded one by one, TensorBoard's START purge applied) never hold a (tag, step)
   while an earlier point at that step or later is still visible: nothing twice, nothing out of order;
 - the whole ``--out`` (every run, scalar tag, step and value, every text event: the config card,
@@ -290,6 +292,25 @@ def expected_runs(points: dict[int, Fields]) -> tuple[dict[str, Points], dict[st
             if tag in TWINNED:
                 twins.setdefault(f"{tag}_vs_samples", {})[step * GBS] = f32(value)
     return run, twins
+
+
+AGGREGATED = ("loss", "learning-rate", "grad-norm", "loss-scale", "iteration-time", "throughput")
+
+
+def expected_aggregate(ranks: list[dict[int, Fields]], steps: set[int]) -> dict[str, Points]:
+    """The aggregate's mean, min, max and spread over the ranks at ``steps`` (every rank has
+    them): the mean NaN when a value is not finite, the others over the finite values."""
+    want: dict[str, Points] = {}
+    for step in steps:
+        for tag in AGGREGATED:
+            values = [points[step][tag] for points in ranks]
+            finite = [v for v in values if math.isfinite(v)]
+            stats = {"mean": sum(values) / len(values) if len(finite) == len(values) else math.nan}
+            if finite:
+                stats |= {"min": min(finite), "max": max(finite), "spread": max(finite) - min(finite)}
+            for name, value in stats.items():
+                want.setdefault(f"{tag}/{name}", {})[step] = f32(value)
+    return want
 
 
 def describe(want: Points, got: Points) -> str:
@@ -650,8 +671,16 @@ class LogsAndSidecar(RuleBasedStateMachine):
         except (AssertionError, FileNotFoundError, ValueError):
             return False  # a file replaced while read: verify() says what is wrong
         return all(run in tree and all(same_points(points, tree[run].scalars.get(tag, {}))
-                                       for tag, points in tags.items())
+                                       for tag, points in tags.items()) and not self.metadata_missing(run, tree[run])
                    for run, tags in want.items() if tags)
+
+    def metadata_missing(self, run: str, output: RunOutput) -> list[str]:
+        """What a rank's run with steps lacks of what it was (written at checkpoints, so it may
+        come a little after the steps), whatever resumed since."""
+        if not NEW_RULES or run.endswith("/vs_samples"):
+            return []
+        return [tag for tag in ("config", "parallel-layout") if not output.texts.get(tag)] + \
+               (["run.json"] if output.run_json is None else [])
 
     def wait_for_quiescence(self) -> None:
         """Until the view matches the oracle and the files rest for QUIET s, or the files rest for
@@ -680,10 +709,9 @@ class LogsAndSidecar(RuleBasedStateMachine):
                                                               f"{describe(points, got.get(tag, {}))}"
             extra = sorted(set(got) - set(tags))
             assert not extra, f"{run}: scalar tags the log does not give: {extra}"
-            if NEW_RULES and tags and not run.endswith("/vs_samples"):  # what the run was, whatever resumed since
-                texts = shown[run].texts
-                missing = [tag for tag in ("config", "parallel-layout") if not texts.get(tag)]
-                assert not missing, f"{run}: the text events {missing} are not shown (a START purged them?)"
+            missing = self.metadata_missing(run, shown.get(run, RunOutput())) if tags else []
+            assert not missing, f"{run}: {missing} not shown (a START purged them? never written?)"
+        self.check_aggregate(shown)
         for rank in RANKS:
             bad = written_twice_or_out_of_order(self.out / f"rank_{rank}")
             assert not bad, f"rank {rank}: raw records written twice or out of order: {bad[:20]} ({len(bad)})"
@@ -693,6 +721,24 @@ class LogsAndSidecar(RuleBasedStateMachine):
         self.no_false_stall()
         self.rotations_since_check = dict.fromkeys(RANKS, 0)
         self.unread = dict.fromkeys(RANKS, False)
+
+    def comparable_aggregate_steps(self) -> set[int]:
+        """Steps whose aggregate is defined: every rank has reached them, no ``replay`` rule wrote
+        them without a rank, and the ranks went back at the same steps (one job resumes together;
+        ``resume`` is per rank)."""
+        if len({tuple(went_back(self.records[r])) for r in RANKS}) > 1:
+            return set()
+        folded = [fold(self.records[r]) for r in RANKS]
+        reached = min(max(points, default=0) for points in folded)
+        return {s for s in set.intersection(*(set(p) for p in folded)) if s <= reached and s not in self.flushed}
+
+    def check_aggregate(self, shown: Tree) -> None:
+        steps = self.comparable_aggregate_steps()
+        want = expected_aggregate([fold(self.records[r]) for r in RANKS], steps)
+        got = shown[f"aggregate/{INSTANCE}"].scalars if f"aggregate/{INSTANCE}" in shown else {}
+        for tag, points in want.items():
+            mine = {s: v for s, v in got.get(tag, {}).items() if s in steps}
+            assert same_points(points, mine), f"aggregate {tag}: {describe(points, mine)}"
 
     def compare_with_reference(self, shown: Tree) -> None:
         """Every run, tag, step, value, text, HParams datum and ``run.json`` as an uninterrupted
@@ -705,11 +751,11 @@ class LogsAndSidecar(RuleBasedStateMachine):
             self.run_replay(self.reference / "output", ref_out)
             self.replayed = mirrors, read_out(ref_out)
         reached = min(max(fold(self.records[r]), default=0) for r in RANKS)
-        together = len({tuple(went_back(self.records[r])) for r in RANKS}) == 1
+        comparable = self.comparable_aggregate_steps()
 
         def steps(run: str, tag: str) -> Callable[[int], bool]:
-            if run.startswith("aggregate/"):  # ranks that went back apart are not one job: no aggregate to expect
-                return lambda s: together and s <= reached and s not in self.flushed
+            if run.startswith("aggregate/"):
+                return comparable.__contains__
             return lambda s: True
 
         def ignore(run: str, tag: str) -> bool:  # the layout charts the aggregate: none before a step has all ranks

@@ -132,9 +132,8 @@ def differences(a: Tree, b: Tree, names: tuple[str, str] = ("a", "b"),
                 px = {s: v for s, v in tags_x.get(tag, {}).items() if keep(s)}
                 py = {s: v for s, v in tags_y.get(tag, {}).items() if keep(s)}
                 found += _points(f"{run} {tag}", px, py, same, names)
-        for label, rx, ry in (("shown twice", x.repeated, y.repeated),):
-            if rx != ry:
-                found.append(f"{run}: (tag, step) {label}: {names[0]} {rx[:10]}, {names[1]} {ry[:10]}")
+        if x.repeated != y.repeated:
+            found.append(f"{run}: (tag, step) shown twice: {names[0]} {x.repeated[:10]}, {names[1]} {y.repeated[:10]}")
         if x.hparams != y.hparams:
             found.append(f"{run}: HParams data differ ({sorted(x.hparams)} / {sorted(y.hparams)})")
         if x.run_json != y.run_json:
@@ -145,9 +144,10 @@ def differences(a: Tree, b: Tree, names: tuple[str, str] = ("a", "b"),
 def _json_diff(x: dict | None, y: dict | None, names: tuple[str, str]) -> str:
     if x is None or y is None:
         return f"only in {names[0] if y is None else names[1]}"
-    keys = sorted(set(_flat(x)) | set(_flat(y)))
     fx, fy = _flat(x), _flat(y)
-    return "; ".join(f"{k}: {fx.get(k, '<none>')!r} / {fy.get(k, '<none>')!r}" for k in keys if fx.get(k) != fy.get(k))[:600]
+    keys = sorted(set(fx) | set(fy))
+    parts = [f"{k}: {fx.get(k, '<none>')!r} / {fy.get(k, '<none>')!r}" for k in keys if fx.get(k) != fy.get(k)]
+    return "; ".join(parts)[:600]
 
 
 def _flat(value: object, prefix: str = "") -> dict[str, object]:

@@ -843,6 +843,9 @@ FOUND |= {
         ("start", {"poll": False}), ("resume", {"rank": 0, "back": 5, "count": 3}), ("check", {})],
     "resume-to-the-first-step-loses-the-parallel-layout": [
         ("append", {"rank": 0, "count": 5}), ("resume", {"rank": 0, "back": 5, "count": 3}), ("replay", {})],
+    "restart-raises-an-ongoing-divergence-again": [
+        ("append", {"rank": 0, "count": 25}), ("append", {"rank": 1, "count": 25}), ("replay", {}),
+        ("append", {"rank": 0, "count": 25}), ("append", {"rank": 1, "count": 25}), ("replay", {})],
     "restart-then-copytruncate-repeats-start-up-events": [
         ("append", {"rank": 0, "count": 2}), ("start", {"poll": False}), ("pause", {"seconds": 0.3}), ("sigterm", {}),
         ("start", {"poll": False}), ("rotate_by_copytruncate", {"rank": 0}), ("append", {"rank": 0, "count": 1}),
@@ -858,6 +861,8 @@ FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": fou
     "crashed-job-paged-as-stalled": "issue 26 item 6",
     "restart-then-resume-loses-the-config-card": "new: the config card's step is not restored on restart",
     "resume-to-the-first-step-loses-the-parallel-layout": "new: a resume's START purges parallel-layout for good",
+    "restart-raises-an-ongoing-divergence-again":
+        "issue 26's must-have 'one state model': alert episodes are not checkpointed",
     "restart-then-copytruncate-repeats-start-up-events": "new: a copy read after a restart repeats its start-up events",
     "copytruncate-after-a-restart-nothing-unread-poll": "new: a copy read after a restart repeats its start-up events",
     "copytruncate-of-a-tail-unread-since-a-restart-inotify":

@@ -81,8 +81,9 @@ read all: bytes it never read and the trainer removed are the trainer's loss, no
 Timing is not controlled: a failure that depends on when the sidecar looked may not replay, and
 Hypothesis then reports it as flaky.
 
-Bounded for CI: the test runs 6 programs of up to 20 steps, with a fixed seed (``derandomize``)
-and no example database, so every run tries the same programs (``MSTB_MODEL_EXAMPLES`` and
+Bounded for CI: the test runs 6 programs of up to 20 steps (about 80 s with ``MSTB_MODEL_NEW=0``
+on two busy cores, a minute of CPU; each check replays the mirrors once), with a fixed seed
+(``derandomize``) and no example database, so every run tries the same programs (``MSTB_MODEL_EXAMPLES`` and
 ``MSTB_MODEL_STEPS`` search longer). A failure prints its program, which also runs by hand as
 printed (``LogsAndSidecar()`` works without a base directory). A run costs seconds, so Hypothesis
 stops shrinking after five minutes and the printed program may keep useless steps; the minimal
@@ -887,9 +888,9 @@ def test_programs_found_earlier(tmp_path: Path, name: str) -> None:
         machine.teardown()
 
 
-# The default suite runs 6 histories of up to 20 steps (about half a minute; the programs found
-# earlier run too); a longer search, e.g. MSTB_MODEL_EXAMPLES=60 MSTB_MODEL_STEPS=40 (about ten
-# minutes), runs the same test.
+# The default suite runs 6 histories of up to 20 steps (80 s on two busy cores; the programs found
+# earlier run too); a longer search, e.g. MSTB_MODEL_EXAMPLES=60 MSTB_MODEL_STEPS=40 (some
+# twenty minutes), runs the same test.
 EXAMPLES = int(os.environ.get("MSTB_MODEL_EXAMPLES", "6"))
 STEPS = int(os.environ.get("MSTB_MODEL_STEPS", "20"))
 

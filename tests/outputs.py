@@ -1,158 +1,186 @@
-"""Two ``--out`` trees compared output by output: the oracle of "same event files as an
-uninterrupted run".
+"""Everything a ``--out`` tree shows, read back as TensorBoard reads it, and the differences of two.
 
-What is compared, per run (every directory under ``--out`` with event files, ``.mstb-sidecar``
-aside), as TensorBoard's own plugin loader shows it (``plugin_event_accumulator``, which applies
-the ``SessionLog.START`` purge, so superseded points do not count):
+:func:`read_out` gives, per run (its path under ``--out``): every scalar tag's points, every text
+tag's texts (TensorBoard's loaders, so a ``SessionLog.START`` purges what it should), the HParams
+plugin's content per tag, and ``run.json``. :func:`differences` compares two such trees and says
+in words what differs (for a test's assertion message); nothing in it knows what the sidecar
+should have written, so a test compares a run it doubts with one it trusts (e.g. a live run
+that was killed against a fresh uninterrupted ``replay`` of the same logs).
 
-- every scalar tag at every step (value bit for bit as stored in float32; nan equals nan);
-- every other tag (text cards, alerts, ``parallel-layout``, the HParams session data) at every
-  step: the stored tensor, and the tag's plugin name and plugin content (the HParams settings
-  live in the content, not the tensor);
-- ``run.json`` (as parsed JSON).
+Values are compared as stored (float32): NaN equals NaN, ``-0.0`` differs from ``0.0``. Wall
+times are not compared (a live run's alerts carry the sidecar's clock).
 
-Not compared: wall times (a live sidecar stamps the events it writes itself), and for the
-custom-scalars layout (:data:`LATEST_ONLY`) the steps: the layout run is rewritten at each
-checkpoint, so a live run has more versions than a replay, and TensorBoard reads only the
-newest one. That newest value is compared.
-
-API: :func:`read_outputs` (a tree as data), :func:`differences` (readable lines, empty when
-equal), :func:`assert_same_outputs` (fails with them).
+:func:`compare` and :func:`assert_same_outputs` take two ``--out`` directories, with each Custom
+Scalars layout taken at its newest version (:func:`last_layout`): "the same event files as an
+uninterrupted run", the oracle of the restart tests and of the randomized test.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import json_format
-from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.backend.event_processing import event_accumulator, plugin_event_accumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from tensorboard.util import tensor_util
 
-SCALARS_PLUGIN = "scalars"
-HPARAMS_PLUGIN = "hparams"
-LATEST_ONLY = frozenset({"custom_scalars__config__"})
+RUN_JSON = "run.json"
 STATE_DIR = ".mstb-sidecar"
+LAYOUT_TAG = "custom_scalars__config__"
 
 
 @dataclass
 class RunOutput:
+    """What one run shows."""
+
     scalars: dict[str, dict[int, float]] = field(default_factory=dict)  # tag -> step -> value
-    tensors: dict[str, dict[int, bytes]] = field(default_factory=dict)  # tag -> step -> serialized tensor
-    plugins: dict[str, tuple[str, object]] = field(default_factory=dict)  # tag -> (plugin, its content; HParams parsed)
+    texts: dict[str, dict[int, str]] = field(default_factory=dict)  # tag -> step -> text
+    hparams: dict[str, plugin_data_pb2.HParamsPluginData] = field(default_factory=dict)  # tag -> content
     run_json: dict | None = None
+    repeated: list[tuple[str, int]] = field(default_factory=list)  # (tag, step) shown twice
 
 
-def read_outputs(out: Path) -> dict[str, RunOutput]:
-    """Every run under ``out`` (path relative to it) with what TensorBoard shows of it."""
-    runs: dict[str, RunOutput] = {}
-    for run_dir in sorted(p for p in out.rglob("*") if p.is_dir() and STATE_DIR not in p.relative_to(out).parts):
-        has_events = any("tfevents" in p.name for p in run_dir.iterdir())
-        run_json = run_dir / "run.json"
-        if not has_events and not run_json.exists():
+Tree = dict[str, RunOutput]
+
+
+def read_run(run_dir: Path) -> RunOutput:
+    run = RunOutput()
+    if any("tfevents" in p.name for p in run_dir.iterdir() if p.is_file()):
+        scalars = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+        scalars.Reload()
+        for tag in scalars.Tags()[event_accumulator.SCALARS]:
+            points = run.scalars[tag] = {}
+            for e in scalars.Scalars(tag):
+                if e.step in points:
+                    run.repeated.append((tag, e.step))
+                points[e.step] = e.value
+        plugins = plugin_event_accumulator.EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+        plugins.Reload()
+        for tag in plugins.Tags()["tensors"]:
+            texts = {}
+            for e in plugins.Tensors(tag):
+                if e.tensor_proto.string_val:
+                    if e.step in texts:
+                        run.repeated.append((tag, e.step))
+                    texts[e.step] = e.tensor_proto.string_val[0].decode("utf-8", "replace")
+            if texts:
+                run.texts[tag] = texts
+        if "hparams" in plugins.ActivePlugins():  # parsed: a map's serialized order is not fixed
+            run.hparams = {tag: plugin_data_pb2.HParamsPluginData.FromString(content)
+                           for tag, content in plugins.PluginTagToContent("hparams").items()}
+    meta = run_dir / RUN_JSON
+    if meta.exists():
+        run.run_json = json.loads(meta.read_text(encoding="utf-8"))
+    return run
+
+
+def read_out(out: Path) -> Tree:
+    """Every run under ``out`` (a directory with event files or a ``run.json``), by relative path."""
+    if not out.is_dir():
+        return {}
+    tree: Tree = {}
+    for run_dir in sorted([out, *out.rglob("*")]):
+        if not run_dir.is_dir() or STATE_DIR in run_dir.relative_to(out).parts:
             continue
-        run = runs[str(run_dir.relative_to(out))] = RunOutput()
-        if run_json.exists():
-            run.run_json = json.loads(run_json.read_text(encoding="utf-8"))
-        if has_events:
-            _read_events(run_dir, run)
-    return runs
+        if (run_dir / RUN_JSON).exists() or any("tfevents" in p.name for p in run_dir.iterdir()):
+            tree[str(run_dir.relative_to(out))] = read_run(run_dir)
+    return tree
 
 
-def _read_events(run_dir: Path, run: RunOutput) -> None:
-    acc = plugin_event_accumulator.EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
-    acc.Reload()
-    for tag in acc.Tags()["tensors"]:
-        metadata = acc.SummaryMetadata(tag)
-        plugin = metadata.plugin_data.plugin_name
-        events = acc.Tensors(tag)
-        if plugin == SCALARS_PLUGIN:
-            run.scalars[tag] = {e.step: float(tensor_util.make_ndarray(e.tensor_proto).item()) for e in events}
-            continue
-        run.plugins[tag] = (plugin, _content(plugin, metadata.plugin_data.content))
-        if tag in LATEST_ONLY:
-            events = events[-1:]
-            run.tensors[tag] = {-1: events[0].tensor_proto.SerializeToString()} if events else {}
-        else:
-            run.tensors[tag] = {e.step: e.tensor_proto.SerializeToString() for e in events}
+def same_value(a: float, b: float) -> bool:
+    """Equal as stored: NaN is NaN, and a zero's sign counts."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
-def _content(plugin: str, content: bytes) -> object:
-    """A plugin's content, comparable: HParams data parsed (a protobuf map serializes in no fixed order)."""
-    if plugin != HPARAMS_PLUGIN:
-        return content
-    return json_format.MessageToDict(plugin_data_pb2.HParamsPluginData.FromString(content))
-
-
-def _same(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or a == b
-
-
-def _steps(name: str, want: dict[int, object], got: dict[int, object], same, limit: int) -> list[str]:
-    missing = sorted(set(want) - set(got))
-    extra = sorted(set(got) - set(want))
-    wrong = sorted(s for s in set(want) & set(got) if not same(want[s], got[s]))
-    out = []
-    if missing:
-        out.append(f"{name}: {len(missing)} step(s) missing, e.g. {missing[:limit]}")
-    if extra:
-        out.append(f"{name}: {len(extra)} step(s) extra, e.g. {extra[:limit]}")
+def _points(where: str, a: dict[int, object], b: dict[int, object], same: Callable[[object, object], bool],
+            names: tuple[str, str]) -> list[str]:
+    only_a = sorted(set(a) - set(b))
+    only_b = sorted(set(b) - set(a))
+    wrong = [(s, a[s], b[s]) for s in sorted(set(a) & set(b)) if not same(a[s], b[s])]
+    found = []
+    if only_a:
+        found.append(f"{where}: steps only in {names[0]}: {only_a[:10]} ({len(only_a)})")
+    if only_b:
+        found.append(f"{where}: steps only in {names[1]}: {only_b[:10]} ({len(only_b)})")
     if wrong:
-        shown = [(s, want[s], got[s]) if isinstance(want[s], float) else s for s in wrong[:limit]]
-        out.append(f"{name}: {len(wrong)} step(s) differ, e.g. {shown}")
-    return out
+        shown = [(s, _short(x), _short(y)) for s, x, y in wrong[:5]]
+        found.append(f"{where}: values differ at {len(wrong)} steps, (step, {names[0]}, {names[1]}): {shown}")
+    return found
 
 
-def differences(expected: Path | dict[str, RunOutput], got: Path | dict[str, RunOutput],
-                runs: set[str] | None = None, limit: int = 10) -> list[str]:
-    """What ``got`` shows differently from ``expected``, one line per run, tag and kind of
-    difference (missing, extra, differing steps); empty when they are the same. ``runs``: compare
-    only these runs (default: all of both)."""
-    want = read_outputs(expected) if isinstance(expected, Path) else expected
-    have = read_outputs(got) if isinstance(got, Path) else got
-    names = sorted(set(want) | set(have)) if runs is None else sorted(runs)
-    out: list[str] = []
-    for name in names:
-        if name not in have:
-            out.append(f"run {name}: missing")
-            continue
-        if name not in want:
-            out.append(f"run {name}: extra")
-            continue
-        a, b = want[name], have[name]
-        kinds = (("scalar", a.scalars, b.scalars, _same), ("tensor", a.tensors, b.tensors, bytes.__eq__))
-        for kind, left, right, same in kinds:
-            for tag in sorted(set(left) | set(right)):
-                if tag not in right:
-                    out.append(f"{name} {kind} {tag}: missing ({len(left[tag])} step(s))")
-                elif tag not in left:
-                    out.append(f"{name} {kind} {tag}: extra ({len(right[tag])} step(s))")
-                else:
-                    out += _steps(f"{name} {kind} {tag}", left[tag], right[tag], same, limit)
-        for tag in sorted(set(a.plugins) & set(b.plugins)):
-            if a.plugins[tag] != b.plugins[tag]:
-                out.append(f"{name} {tag}: plugin data differs ({a.plugins[tag][0]} / {b.plugins[tag][0]})")
-        if _canonical(a.run_json) != _canonical(b.run_json):
-            out.append(f"{name} run.json: {_json_diff(a.run_json, b.run_json)}")
-    return out
+def _short(value: object) -> object:
+    return value if not isinstance(value, str) or len(value) < 120 else value[:117] + "..."
 
 
-def _canonical(content: object) -> str:
-    """JSON content as comparable text (NaN equals NaN, key order aside)."""
-    return json.dumps(content, sort_keys=True)
+def differences(a: Tree, b: Tree, names: tuple[str, str] = ("a", "b"),
+                ignore: Callable[[str, str], bool] = lambda run, tag: False,
+                steps: Callable[[str, str], Callable[[int], bool]] | None = None) -> list[str]:
+    """What differs between two trees, one line per (run, tag) or file; empty when they agree.
+
+    ``ignore(run, tag)`` leaves a tag out; ``steps(run, tag)``, when given, says which steps of it
+    to compare (a predicate), for outputs whose extent two correct runs may legitimately differ in.
+    A run only one tree has differs by what it shows (nothing, if every tag of it is left out).
+    """
+    found: list[str] = []
+    for run in sorted(set(a) | set(b)):
+        x, y = a.get(run, RunOutput()), b.get(run, RunOutput())
+        for kind, same in (("scalars", same_value), ("texts", str.__eq__)):
+            tags_x, tags_y = getattr(x, kind), getattr(y, kind)
+            for tag in sorted(set(tags_x) | set(tags_y)):
+                if ignore(run, tag):
+                    continue
+                keep = steps(run, tag) if steps is not None else (lambda s: True)
+                px = {s: v for s, v in tags_x.get(tag, {}).items() if keep(s)}
+                py = {s: v for s, v in tags_y.get(tag, {}).items() if keep(s)}
+                found += _points(f"{run} {tag}", px, py, same, names)
+        if x.repeated != y.repeated:
+            found.append(f"{run}: (tag, step) shown twice: {names[0]} {x.repeated[:10]}, {names[1]} {y.repeated[:10]}")
+        if x.hparams != y.hparams:
+            found.append(f"{run}: HParams data differ ({sorted(x.hparams)} / {sorted(y.hparams)})")
+        if x.run_json != y.run_json:
+            found.append(f"{run}/{RUN_JSON} differs: {_json_diff(x.run_json, y.run_json, names)}")
+    return found
 
 
-def _json_diff(a: dict | None, b: dict | None) -> str:
-    if a is None or b is None:
-        return "missing" if b is None else "extra"
-    keys = sorted(k for k in set(a) | set(b) if _canonical(a.get(k)) != _canonical(b.get(k)))
-    return f"differs in {keys}"
+def _json_diff(x: dict | None, y: dict | None, names: tuple[str, str]) -> str:
+    if x is None or y is None:
+        return f"only in {names[0] if y is None else names[1]}"
+    fx, fy = _flat(x), _flat(y)
+    keys = sorted(set(fx) | set(fy))
+    parts = [f"{k}: {fx.get(k, '<none>')!r} / {fy.get(k, '<none>')!r}" for k in keys if fx.get(k) != fy.get(k)]
+    return "; ".join(parts)[:600]
 
 
-def assert_same_outputs(expected: Path, got: Path, runs: set[str] | None = None) -> None:
-    """Fail, listing :func:`differences`, unless ``got`` shows every output as ``expected`` does."""
-    found = differences(expected, got, runs)
+def _flat(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def last_layout(tree: Tree) -> Tree:
+    """``tree`` with only the newest Custom Scalars layout of each run, at step 0: TensorBoard
+    charts that one, whatever its step (a live sidecar writes a new one as ranks and tags appear,
+    a replay only the final one)."""
+    for output in tree.values():
+        points = output.texts.get(LAYOUT_TAG)
+        if points:
+            output.texts[LAYOUT_TAG] = {0: points[max(points)]}
+    return tree
+
+
+def compare(expected: Path, got: Path) -> list[str]:
+    """:func:`differences` of two ``--out`` directories, each layout at its newest version."""
+    return differences(last_layout(read_out(expected)), last_layout(read_out(got)), names=("expected", "got"))
+
+
+def assert_same_outputs(expected: Path, got: Path) -> None:
+    """Fail, listing :func:`compare`'s lines, unless ``got`` shows every output as ``expected`` does."""
+    found = compare(expected, got)
     assert not found, f"{got} differs from {expected}:\n  " + "\n  ".join(found)

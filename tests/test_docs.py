@@ -134,18 +134,13 @@ def test_the_docs_have_commands_to_check() -> None:
     assert {args[0] for args in complete} >= {"--watch", "replay", "check", "aggregate"}
 
 
-@pytest.mark.parametrize("doc, args, complete", COMMANDS, ids=[f"{d}: {' '.join(a)}"[:90] for d, a, _ in COMMANDS])
-def test_every_command_in_the_docs_parses_and_configures(
-    doc: str, args: list[str], complete: bool, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """As :func:`sidecar.cli.main` reads it, up to the validated configuration (no file is read)."""
+def configure(args: list[str], complete: bool = True) -> SidecarConfig:
+    """``mstb-sidecar ARGS`` as :func:`sidecar.cli.main` reads it, up to the validated configuration
+    (no file is read); ``complete=False`` for a synopsis, which may leave out ``--out`` or the paths.
+    The parser's ``SystemExit`` (an unknown option, a bad value, ``-V``, ``--help``) passes through."""
     command = args[0] if args and args[0] in PARSERS else "watch"
     parser = PARSERS.get(command, cli._watch_parser)()
-    try:
-        ns = vars(parser.parse_args(args if command == "watch" else args[1:]))
-    except SystemExit as exc:  # an unknown option or a bad value; or -V and --help, which print and exit 0
-        assert exc.code == 0 and {"-V", "--version", "-h", "--help"} & set(args), capsys.readouterr().err
-        return
+    ns = vars(parser.parse_args(args if command == "watch" else args[1:]))
     named_config = ns.pop("config") is not None  # it names a file of the docs' example, not here
     ns.pop("once", None)
     if ns.get("on_alert"):  # the docs' pager is not installed here: any executable stands in for it
@@ -157,7 +152,17 @@ def test_every_command_in_the_docs_parses_and_configures(
     if not complete or named_config:  # what the synopsis or the file leaves out
         ns["paths"] = ns.get("paths") or [Path(".")]
         ns["out"] = ns.get("out") or Path("out")
-    load_config(ns, None)
+    return load_config(ns, None)
+
+
+@pytest.mark.parametrize("doc, args, complete", COMMANDS, ids=[f"{d}: {' '.join(a)}"[:90] for d, a, _ in COMMANDS])
+def test_every_command_in_the_docs_parses_and_configures(
+    doc: str, args: list[str], complete: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        configure(args, complete)
+    except SystemExit as exc:  # an unknown option or a bad value; or -V and --help, which print and exit 0
+        assert exc.code == 0 and {"-V", "--version", "-h", "--help"} & set(args), capsys.readouterr().err
 
 
 def _sidecar_yaml_blocks() -> list[tuple[str, str]]:

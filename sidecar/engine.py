@@ -149,6 +149,8 @@ class Source:
         self.active = False  # it had input left after the last pump
         self.long_lines = 0  # of the tail's count, already accounted
         self.unseen_since: float | None = None  # monotonic time it left discovery
+        self.place = 0  # its place in its chain's reading order, oldest first (Engine._place_files)
+        self.after_gap = 0  # records left to check for a gap before it (Engine._place_files, Engine._gap)
 
     def unprocessed(self) -> bool:
         return self.next < len(self.backlog)
@@ -240,6 +242,7 @@ class Engine:
         for _ in range(SCAN_PASSES):
             if not self._scan_pass(added):
                 break
+        self._place_files(set(added))
         self._order_chains()
         self._order = None
         return added
@@ -283,6 +286,38 @@ class Engine:
             source.unseen_since = None
         self.accounting.directories(unlisted, self.settings.default_rank)
         return changed or any(s.unseen_since == now for s in self.sources.values())
+
+    def _place_files(self, added: set[Source]) -> None:
+        """Each chain's reading order, from this scan's (consistent) backup numbers.
+
+        A file that left discovery keeps the number it was last listed under, which says nothing
+        against this listing's: a live file followed while the sidecar was stopped across six
+        rollovers was deleted as ``info.log.5`` when it was last seen as ``info.log``, and its
+        unread rest must still come before the five files made since. So listed files are ordered
+        by their numbers now, and a file that is gone keeps its place: before the listed files
+        that came after it, and before every new one (a writer renames or deletes the oldest; it
+        never makes a file older than one it let go of). When every file of a chain is new and
+        one that was there is gone, the writer may have deleted files it made meanwhile before
+        any was read: the oldest new file is marked :attr:`Source.after_gap` (see :meth:`_gap`).
+        """
+        chains: dict[str, list[Source]] = {}
+        for source in self.sources.values():
+            chains.setdefault(source.chain.key, []).append(source)
+        for members in chains.values():
+            before = sorted(members, key=lambda s: (s in added, s.place))
+            gone = [s for s in before if s.unseen_since is not None]
+            listed = sorted((s for s in members if s.unseen_since is None), key=lambda s: -s.candidate.backup)
+            order: list[Source] = []
+            for source in listed:
+                older = gone if source in added else [g for g in gone if g.place < source.place]
+                order += older
+                order.append(source)
+                gone = [g for g in gone if g not in older]
+            order += gone
+            if listed and len(order) > len(listed) and all(s in added for s in listed):
+                listed[0].after_gap = 2  # the first may be a step whose head was in the file before
+            for place, source in enumerate(order):
+                source.place = place
 
     def _order_chains(self) -> None:
         """Give new chains their place: by their first training step before the first read,
@@ -357,7 +392,7 @@ class Engine:
         if self._order is None:
             self._order = sorted(
                 self.sources.values(),
-                key=lambda s: (s.candidate.rank, s.chain.order, s.chain.key, -s.candidate.backup),
+                key=lambda s: (s.candidate.rank, s.chain.order, s.chain.key, s.place),
             )
         return self._order
 
@@ -517,7 +552,23 @@ class Engine:
         if stream.assembler.malformed:
             self.accounting.drop(rank, Reason.MALFORMED, stream.assembler.take_malformed())
         for record in records:
+            if source.after_gap and record.training_step:
+                self._gap(source, rank, stream, record)
             self._deliver(rank, stream, record)
+
+    def _gap(self, source: Source, rank: int, stream: Stream, record: Record) -> None:
+        """One of the first records after files the writer may have deleted unread: if the steps
+        jump past the chain's stride, they did; warn and count the steps lost."""
+        source.after_gap -= 1
+        prev, stride = stream.cursor.prev_step, stream.cursor.stride
+        if prev is None or record.step <= prev + stride:
+            return
+        source.after_gap = 0
+        lost = (record.step - prev) // stride - 1
+        self.accounting.drop(rank, Reason.DELETED_UNREAD, lost)
+        log.warning("rank %d: steps %d-%d are lost: the writer deleted the rotated backups that held them before "
+                    "they were read (%s rolled over more often than it keeps backups while the sidecar was stopped "
+                    "or behind)", rank, prev + stride, record.step - stride, source.chain.key)
 
     def _note(self, rank: int, parsed: ParsedLine) -> None:
         """A line that is not a record but tells the engine something (or is counted)."""

@@ -365,9 +365,14 @@ class Engine:
         try:
             if restored is not None:
                 tail.offset, tail.skipping = restored.offset, restored.skipping
-                if not tail.verify(restored.head, restored.marker):
-                    log.info("%s changed while the sidecar was not running; reading it again from the start",
-                             candidate.path)
+                if not tail.verify(restored.head, restored.marker, restored.marker_kind):
+                    if restored.path == str(candidate.path):
+                        log.warning("%s was rewritten while the sidecar was not running (it no longer holds the "
+                                    "lines read before byte %d); reading it again from the start",
+                                    candidate.path, restored.offset)
+                    else:  # a rotation deleted that file, and a new one got its inode
+                        log.info("%s is a new file in the place (inode) of %s; reading it from the start",
+                                 candidate.path, restored.path)
             elif self.settings.from_end:
                 tail.start_at_end()
         except OSError:
@@ -857,6 +862,7 @@ class Engine:
             skipping=tail.skipping and not held,
             head=head,
             marker=marker,
+            marker_kind=2,
         )
 
     def forget_gone(self, quiet: float) -> None:

@@ -66,7 +66,7 @@ from sidecar.analysis.parallel_layout import LayoutNote
 from sidecar.analysis.sequencer import RankSequencer, Verdict
 from sidecar.following.chains import LATE, Chain, Stream, first_record
 from sidecar.following.discovery import Candidate, discover
-from sidecar.following.tailer import FileTail, Identity
+from sidecar.following.tailer import BINARY, FileTail, Identity
 from sidecar.mindspore.ms_follow import SummaryFollower
 from sidecar.output import run_names
 from sidecar.output.event_scan import RunView
@@ -151,6 +151,7 @@ class Source:
         self.unseen_since: float | None = None  # monotonic time it left discovery
         self.place = 0  # its place in its chain's reading order, oldest first (Engine._place_files)
         self.after_gap = 0  # records left to check for a gap before it (Engine._place_files, Engine._gap)
+        self.binary = False  # said that it is binary (FileTail.binary)
 
     def unprocessed(self) -> bool:
         return self.next < len(self.backlog)
@@ -444,6 +445,8 @@ class Engine:
                 work += read
                 self.accounting.drop(rank, Reason.TOO_LONG, source.tail.long_lines - source.long_lines)
                 source.long_lines = source.tail.long_lines
+                if source.tail.binary != source.binary:
+                    self._binary(source)
                 if read and source.backlog and source.backlog[0][0] == 0 and self._new_backup(source):
                     # copytruncate: the content before these lines is now in a backup that
                     # comes first in the chain. Find it before reading on.
@@ -456,6 +459,14 @@ class Engine:
             if source.active:
                 busy.add(rank)
         return work
+
+    def _binary(self, source: Source) -> None:
+        """A file found binary (or text again, rewritten): said once, counted as an unreadable file."""
+        source.binary = source.tail.binary
+        if source.binary:
+            self.accounting.drop(source.candidate.rank, Reason.UNREADABLE)
+            log.warning("%s holds %s; it is not read ('mstb-sidecar check PATH' shows what each file was taken for)",
+                        source.tail.path, BINARY)
 
     def _new_backup(self, source: Source) -> bool:
         """Is there a first backup (``info.log.1``) of this live file that no scan has seen yet?

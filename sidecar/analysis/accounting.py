@@ -19,7 +19,9 @@ Reasons (nothing is dropped for any reason not on this list):
   counted from the steps missing between the files around them, and warned about;
 - ``unreadable``: a file that could not be opened or read, or a directory that could not be
   listed (permissions, I/O error); counted once per path and warned about (rate-limited), since
-  every later record in it is lost until it becomes readable.
+  every later record in it is lost until it becomes readable. Also a file that holds binary data
+  rather than a log (:func:`sidecar.following.tailer.looks_binary`), counted and warned about once
+  by the engine.
 
 Counters are per rank (the rank a line was routed to, or the path's rank for file-level reasons)
 and live for the whole process, so they never drop when a finished file is forgotten.

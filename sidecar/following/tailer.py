@@ -27,6 +27,9 @@ Assumptions and how each is guarded:
 - A partial last line is left unread until its newline arrives, so a line is never parsed
   half-written, and a restart re-reads it from its first byte.
 - A line longer than ``max_line`` is skipped to its newline and counted; the file keeps going.
+- A file whose first line (after any NUL filler) holds a control byte no log line has is
+  binary, not a log (:func:`looks_binary`, which ``check`` asks too): none of it is returned,
+  so no garbage is parsed and no partial "line" waits forever; :attr:`FileTail.binary` says so.
 
 Polling (no file events) a thousand files that do not grow would ``fstat`` each of them every
 poll; with :attr:`FileTail.backoff` set, a file that has not grown for :data:`QUIET_AFTER` seconds
@@ -49,6 +52,11 @@ HEAD_BYTES = 1024
 MARKER_BYTES = 64  # the marker of checkpoints written before whole-line markers (FileState.marker_kind 1)
 MARKER_LINES = 4  # whole lines before the offset that the marker covers, at least
 MARKER_MAX = 16 << 10  # bytes before the offset it covers, at most (lines that long are rare)
+TEXT_PEEK = 4096  # bytes of a file's first line that looks_binary judges
+BINARY = "binary data, not a text log"  # what the engine and ``check`` call such a file
+# Bytes no log line holds: NUL and the C0 controls but tab, newline, CR and ESC (colours).
+_FILLER = re.compile(rb"\x00*")
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]")
 # What tells two runs' lines apart: a date (the timestamp prefix) or a step number.
 _EVIDENCE = re.compile(rb"\d{4}-\d\d-\d\d|step\W{0,8}\d")
 QUIET_AFTER = 10.0  # seconds without growth before a file is looked at less often (with a backoff)
@@ -70,6 +78,14 @@ class Identity:
 
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def looks_binary(start: bytes) -> bool:
+    """Is a file that begins with ``start`` binary rather than a log? Its first line (up to
+    :data:`TEXT_PEEK` bytes, after a copytruncate's NUL filler) holds a control byte."""
+    begin = _FILLER.match(start).end()
+    end = start.find(b"\n", begin, begin + TEXT_PEEK)
+    return _CONTROL.search(start, begin, min(len(start), begin + TEXT_PEEK) if end < 0 else end) is not None
 
 
 def marker_start(before: bytes) -> int:
@@ -100,6 +116,7 @@ class FileTail:
         self.offset = 0
         self.max_line = max_line
         self.skipping = False
+        self.binary = False  # its start is binary data (looks_binary): skipped, not read
         self.long_lines = 0
         self.truncations = 0
         self.size = 0
@@ -185,6 +202,7 @@ class FileTail:
         fd = self._open()
         self._head = os.pread(fd, min(HEAD_BYTES, self.offset), 0)
         self._before = self._marker(fd)
+        self.binary = looks_binary(self._head)  # what it would have been found at its first read
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, budget: int) -> list[tuple[int, bytes]]:
@@ -207,8 +225,11 @@ class FileTail:
         data = self._read_checked(fd, max(budget, self.max_line + 1), size)
         base = self.offset
         self.starved = base + len(data) < size
-        lines = self._split(data, base)
-        if lines is not None:
+        if base == 0:
+            self.binary = looks_binary(data)
+        if self.binary:
+            lines, pos = [], len(data)
+        elif (lines := self._split(data, base)) is not None:
             pos = len(data) - len(lines.pop()[1])  # the partial last line waits for its newline
         else:
             lines, pos = self._scan(data, base)

@@ -433,7 +433,8 @@ class Engine:
             rank = source.candidate.rank
             if rank in busy or not (unheld or self._may_read(source)):
                 continue
-            if not source.unprocessed():
+            fresh = not source.unprocessed()  # read now; else only lines read before are processed
+            if fresh:
                 before = source.tail.bytes_read
                 try:
                     source.backlog, source.next = source.tail.read(per_file), 0
@@ -455,7 +456,9 @@ class Engine:
                     busy.add(rank)
                     continue
             work += self._process(source, now, unheld)
-            source.active = source.unprocessed() or source.tail.starved
+            # lines read in an earlier round (held for a rescan, or by the aggregate) say nothing
+            # of what the file holds now: the files after it wait until it was read again
+            source.active = source.unprocessed() or source.tail.starved or not fresh
             if source.active:
                 busy.add(rank)
         return work

@@ -75,7 +75,7 @@ from sidecar.analysis.parallel_layout import LayoutNote
 from sidecar.analysis.sequencer import RankSequencer, Verdict
 from sidecar.following.chains import LATE, Chain, Stream, first_record
 from sidecar.following.discovery import Candidate, discover
-from sidecar.following.tailer import FileTail, Identity
+from sidecar.following.tailer import BINARY, FileTail, Identity
 from sidecar.mindspore.ms_follow import SummaryFollower
 from sidecar.output import run_names
 from sidecar.output.event_scan import RunView
@@ -167,6 +167,9 @@ class Source:
         self.active = False  # it had input left after the last pump
         self.long_lines = 0  # of the tail's count, already accounted
         self.unseen_since: float | None = None  # monotonic time it left discovery
+        self.place = 0  # its place in its chain's reading order, oldest first (Engine._place_files)
+        self.after_gap = 0  # records left to check for a gap before it (Engine._place_files, Engine._gap)
+        self.binary = False  # said that it is binary (FileTail.binary)
 
     def unprocessed(self) -> bool:
         return self.next < len(self.backlog)
@@ -280,6 +283,7 @@ class Engine:
         for _ in range(SCAN_PASSES):
             if not self._scan_pass(added):
                 break
+        self._place_files(set(added))
         self._order_chains()
         self._order = None
         return added
@@ -323,6 +327,38 @@ class Engine:
             source.unseen_since = None
         self.accounting.directories(unlisted, self.settings.default_rank)
         return changed or any(s.unseen_since == now for s in self.sources.values())
+
+    def _place_files(self, added: set[Source]) -> None:
+        """Each chain's reading order, from this scan's (consistent) backup numbers.
+
+        A file that left discovery keeps the number it was last listed under, which says nothing
+        against this listing's: a live file followed while the sidecar was stopped across six
+        rollovers was deleted as ``info.log.5`` when it was last seen as ``info.log``, and its
+        unread rest must still come before the five files made since. So listed files are ordered
+        by their numbers now, and a file that is gone keeps its place: before the listed files
+        that came after it, and before every new one (a writer renames or deletes the oldest; it
+        never makes a file older than one it let go of). When every file of a chain is new and
+        one that was there is gone, the writer may have deleted files it made meanwhile before
+        any was read: the oldest new file is marked :attr:`Source.after_gap` (see :meth:`_gap`).
+        """
+        chains: dict[str, list[Source]] = {}
+        for source in self.sources.values():
+            chains.setdefault(source.chain.key, []).append(source)
+        for members in chains.values():
+            before = sorted(members, key=lambda s: (s in added, s.place))
+            gone = [s for s in before if s.unseen_since is not None]
+            listed = sorted((s for s in members if s.unseen_since is None), key=lambda s: -s.candidate.backup)
+            order: list[Source] = []
+            for source in listed:
+                older = gone if source in added else [g for g in gone if g.place < source.place]
+                order += older
+                order.append(source)
+                gone = [g for g in gone if g not in older]
+            order += gone
+            if listed and len(order) > len(listed) and all(s in added for s in listed):
+                listed[0].after_gap = 2  # the first may be a step whose head was in the file before
+            for place, source in enumerate(order):
+                source.place = place
 
     def _order_chains(self) -> None:
         """Give new chains their place: by their first training step before the first read,
@@ -373,9 +409,14 @@ class Engine:
         try:
             if restored is not None:
                 tail.offset, tail.skipping = restored.offset, restored.skipping
-                if not tail.verify(restored.head, restored.marker):
-                    log.info("%s changed while the sidecar was not running; reading it again from the start",
-                             candidate.path)
+                if not tail.verify(restored.head, restored.marker, restored.marker_kind):
+                    if restored.path == str(candidate.path):
+                        log.warning("%s was rewritten while the sidecar was not running (it no longer holds the "
+                                    "lines read before byte %d); reading it again from the start",
+                                    candidate.path, restored.offset)
+                    else:  # a rotation deleted that file, and a new one got its inode
+                        log.info("%s is a new file in the place (inode) of %s; reading it from the start",
+                                 candidate.path, restored.path)
             elif self.settings.from_end:
                 tail.start_at_end()
         except OSError:
@@ -415,7 +456,7 @@ class Engine:
         if self._order is None:
             self._order = sorted(
                 self.sources.values(),
-                key=lambda s: (s.candidate.rank, s.chain.order, s.chain.key, -s.candidate.backup),
+                key=lambda s: (s.candidate.rank, s.chain.order, s.chain.key, s.place),
             )
         return self._order
 
@@ -450,7 +491,8 @@ class Engine:
             rank = source.candidate.rank
             if rank in busy or not (unheld or self._may_read(source)):
                 continue
-            if not source.unprocessed():
+            fresh = not source.unprocessed()  # read now; else only lines read before are processed
+            if fresh:
                 before = source.tail.bytes_read
                 try:
                     source.backlog, source.next = source.tail.read(per_file), 0
@@ -462,6 +504,8 @@ class Engine:
                 work += read
                 self.accounting.drop(rank, Reason.TOO_LONG, source.tail.long_lines - source.long_lines)
                 source.long_lines = source.tail.long_lines
+                if source.tail.binary != source.binary:
+                    self._binary(source)
                 if read and source.backlog and source.backlog[0][0] == 0 and self._new_backup(source):
                     # copytruncate: the content before these lines is now in a backup that
                     # comes first in the chain. Find it before reading on.
@@ -470,10 +514,20 @@ class Engine:
                     busy.add(rank)
                     continue
             work += self._process(source, now, unheld)
-            source.active = source.unprocessed() or source.tail.starved
+            # lines read in an earlier round (held for a rescan, or by the aggregate) say nothing
+            # of what the file holds now: the files after it wait until it was read again
+            source.active = source.unprocessed() or source.tail.starved or not fresh
             if source.active:
                 busy.add(rank)
         return work
+
+    def _binary(self, source: Source) -> None:
+        """A file found binary (or text again, rewritten): said once, counted as an unreadable file."""
+        source.binary = source.tail.binary
+        if source.binary:
+            self.accounting.drop(source.candidate.rank, Reason.UNREADABLE)
+            log.warning("%s holds %s; it is not read ('mstb-sidecar check PATH' shows what each file was taken for)",
+                        source.tail.path, BINARY)
 
     def _new_backup(self, source: Source) -> bool:
         """Is there a first backup (``info.log.1``) of this live file that no scan has seen yet?
@@ -596,7 +650,23 @@ class Engine:
         if stream.assembler.malformed:
             self.accounting.drop(rank, Reason.MALFORMED, stream.assembler.take_malformed())
         for record in records:
+            if source.after_gap and record.training_step:
+                self._gap(source, rank, stream, record)
             self._deliver(rank, stream, record)
+
+    def _gap(self, source: Source, rank: int, stream: Stream, record: Record) -> None:
+        """One of the first records after files the writer may have deleted unread: if the steps
+        jump past the chain's stride, they did; warn and count the steps lost."""
+        source.after_gap -= 1
+        prev, stride = stream.cursor.prev_step, stream.cursor.stride
+        if prev is None or record.step <= prev + stride:
+            return
+        source.after_gap = 0
+        lost = (record.step - prev) // stride - 1
+        self.accounting.drop(rank, Reason.DELETED_UNREAD, lost)
+        log.warning("rank %d: steps %d-%d are lost: the writer deleted the rotated backups that held them before "
+                    "they were read (%s rolled over more often than it keeps backups while the sidecar was stopped "
+                    "or behind)", rank, prev + stride, record.step - stride, source.chain.key)
 
     def _note(self, rank: int, parsed: ParsedLine, chain: str) -> None:
         """A line that is not a record but tells the engine something (or is counted)."""
@@ -961,6 +1031,7 @@ class Engine:
             skipping=tail.skipping and not held,
             head=head,
             marker=marker,
+            marker_kind=2,
         )
 
     def forget_gone(self, quiet: float) -> None:

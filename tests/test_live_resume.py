@@ -9,7 +9,13 @@ truncates ``worker_N.log`` and starts again at step 1.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
+from datetime import timedelta
+
+import pytest
 
 from live_helpers import (
     RESUME_TEXT_TAG,
@@ -114,3 +120,64 @@ def test_sigkill_after_a_resume_that_no_checkpoint_saw(live: LiveEnv) -> None:
     sidecar.start()
     live.finish(sidecar, [log])
     _check(live, [log], {0: [25]})
+
+
+# Lines a job prints before its first step, alike in every launch (no date, no step): with them
+# the first kilobyte of two jobs' logs is the same.
+BANNER = "".join(f"  {key:<24} | {'-' * 40} | value of {key}\n" for key in
+                 [f"parallel_config.option_{i}" for i in range(16)]).encode()
+
+
+def _checkpointed(live: LiveEnv, path: os.PathLike[str]) -> bool:
+    """Does the checkpoint say ``path`` was read to its end?"""
+    try:
+        files = json.loads(live.state_file().read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return any(f["path"] == str(path) and f["offset"] == os.stat(path).st_size for f in files)
+
+
+def _job_then_stop(live: LiveEnv, stop: signal.Signals, steps: int) -> tuple[RankLog, object]:
+    """A job's banner and ``steps`` steps, read and checkpointed, then the sidecar stopped."""
+    log = live.worker_log(0)
+    log.write(BANNER)
+    log.step(steps)
+    sidecar = live.sidecar("--checkpoint-interval", "0.2").start()
+    wait_until(lambda: all_written(live.out, [log]) and _checkpointed(live, log.path), 15, "job 1, checkpointed")
+    sidecar.stop(stop)
+    return log, sidecar
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_log_rewritten_in_place_while_down_is_a_new_job(live: LiveEnv, stop: signal.Signals) -> None:
+    """``python train.py > train.log`` relaunched while the sidecar is down: the same inode, the
+    same banner, records of the same width, more bytes than the checkpointed offset, and the
+    bytes just before that offset (the end of a progress-bar line) the same in both jobs. The
+    sidecar must see a new job, not continue inside it: job 2's values at every step, a warning."""
+    log, sidecar = _job_then_stop(live, stop, 40)
+    inode, old_size = os.stat(log.path).st_ino, os.stat(log.path).st_size
+    os.close(log.fd)
+    log.fd = os.open(log.path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)  # the shell's '>': same inode
+    log.write(BANNER)
+    log.go_back(1)
+    log.jump_clock(timedelta(hours=1))  # job 2 starts later, with losses of the same width
+    log.step(55)
+    assert os.stat(log.path).st_ino == inode and os.stat(log.path).st_size > old_size
+    sidecar.start()
+    log.step(5)
+    live.finish(sidecar, [log])
+    _check(live, [log], {0: [1]})
+    assert "was rewritten while the sidecar was not running" in sidecar.stderr(), sidecar.stderr()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_log_that_only_grew_while_down_goes_on_from_its_offset(live: LiveEnv, stop: signal.Signals) -> None:
+    """The same job went on while the sidecar was down: nothing is read twice (no duplicate
+    counted), and nothing is said about a rewrite."""
+    log, sidecar = _job_then_stop(live, stop, 40)
+    log.step(20)
+    sidecar.start()
+    log.step(5)
+    live.finish(sidecar, [log])
+    err = sidecar.stderr()
+    assert "rewritten" not in err and "not written" not in err, err

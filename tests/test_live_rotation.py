@@ -8,15 +8,17 @@ inotify wake-ups and in polling mode (``--poll``).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
+from logging.handlers import RotatingFileHandler
 
 import pytest
 
 from pathlib import Path
 
-from live_helpers import LiveEnv, RankLog, all_written, tb_points, wait_until
+from live_helpers import LiveEnv, RankLog, Sidecar, all_written, tb_points, wait_until
 from sidecar.cli import main
 
 pytest_plugins = ["live_helpers"]
@@ -219,3 +221,108 @@ def test_a_deleted_file_ending_in_a_partial_line_does_not_block_the_new_one(live
     log.delete_and_recreate()
     log.step(10)
     live.finish(sidecar, [log])
+
+
+class HandlerLog:
+    """A trainer logging through :class:`logging.handlers.RotatingFileHandler` (``backupCount=5``),
+    one log record per line, ``log``'s step records; it rolls over when the test says
+    (``doRollover``, as ``maxBytes`` would), between a head and its bar if asked."""
+
+    def __init__(self, log: RankLog) -> None:
+        log.close()  # the handler opens the file itself
+        self.log = log
+        self.handler = RotatingFileHandler(log.path, backupCount=5)
+        self.handler.setFormatter(logging.Formatter("%(message)s"))
+        self.logger = logging.Logger(f"trainer-{log.rank}")  # not the global registry's
+        self.logger.addHandler(self.handler)
+        self.rollovers = 0
+        self.file_of: dict[int, int] = {}  # step -> rollovers before its head was written
+
+    def step(self, count: int = 1) -> None:
+        for _ in range(count):
+            self._lines(self.log.take().decode().splitlines())
+
+    def step_across_a_rollover(self) -> None:
+        """A record whose head goes to the live file before a rollover and its bar after it."""
+        head, bar = self.log.take().decode().splitlines()
+        self._lines([head])
+        self.rollover()
+        self._lines([bar])
+
+    def rollover(self) -> None:
+        self.handler.doRollover()
+        self.rollovers += 1
+
+    def _lines(self, lines: list[str]) -> None:
+        for line in lines:
+            if "loss:" in line:
+                self.file_of[self.log.next_step - 1] = self.rollovers
+            self.logger.info(line)
+
+    def lose(self, file: int) -> list[int]:
+        """Steps whose head went to the ``file``-th file (deleted unread): not expected any more."""
+        steps = [step for step, at in self.file_of.items() if at == file]
+        for step in steps:
+            del self.log.expected[step]
+            self.log.history.remove(step)
+        return steps
+
+    def close(self) -> None:
+        self.handler.close()
+
+
+def rollovers_while_stopped(sidecar: Sidecar, log: HandlerLog, rollovers: int) -> int:
+    """SIGSTOP the sidecar (caught up), write on and roll over ``rollovers`` times, SIGCONT.
+    The live file it followed has an unread rest; one record of each new file is split by the
+    next rollover. Returns the rollovers done before the stop."""
+    sidecar.proc.send_signal(signal.SIGSTOP)
+    before = log.rollovers
+    try:
+        log.step(7)
+        for _ in range(rollovers):
+            log.step(12)
+            log.step_across_a_rollover()
+        log.step(5)
+    finally:
+        sidecar.proc.send_signal(signal.SIGCONT)
+    return before
+
+
+@pytest.mark.parametrize("rollovers", [1, 3, 5, 6])
+def test_rollovers_while_the_sidecar_is_stopped(live: LiveEnv, rollovers: int) -> None:
+    """Stopped (SIGSTOP: a busy node, swap) across rollovers of a RotatingFileHandler: the rest
+    of the file it followed, then the backups made meanwhile, oldest first, then the live file;
+    no resume, nothing counted. Six rollovers delete the followed file itself (as five do when
+    the sidecar had not looked since the one before): it is read to its end through the open
+    descriptor, before the five files that came after it."""
+    log = HandlerLog(live.info_log(0))
+    log.step(20)
+    sidecar = live.sidecar().start()
+    log.rollover()
+    log.step(20)
+    wait_until(lambda: all_written(live.out, [log.log]), 10, "the first steps")
+    rollovers_while_stopped(sidecar, log, rollovers)
+    log.step(10)
+    live.finish(sidecar, [log.log])
+    log.close()
+    err = sidecar.stderr()
+    assert "went back" not in err and "not written" not in err, err
+
+
+def test_more_rollovers_while_stopped_than_backups_kept(live: LiveEnv) -> None:
+    """Seven rollovers while stopped: the writer deleted the first file made meanwhile before
+    anything read it. The sidecar says which steps are lost and counts them; it invents no
+    resume, and every other step is there exactly once."""
+    log = HandlerLog(live.info_log(0))
+    log.step(20)
+    sidecar = live.sidecar().start()
+    wait_until(lambda: all_written(live.out, [log.log]), 10, "the first steps")
+    before = rollovers_while_stopped(sidecar, log, 7)
+    lost = log.lose(before + 1)
+    log.step(10)
+    live.finish(sidecar, [log.log])
+    log.close()
+    err = sidecar.stderr()
+    assert "went back" not in err, err
+    assert f"rank 0: steps {lost[0]}-{lost[-1]} are lost" in err, err
+    assert f"not written: {len(lost)} deleted-unread" in err, err

@@ -103,13 +103,59 @@ def test_replay_of_an_unreadable_file_named_directly_says_permission_denied(tmp_
 def test_replay_of_a_file_with_no_step_record_says_so(tmp_path: Path) -> None:
     log = tmp_path / "log" / "rank_0" / "info.log"
     log.parent.mkdir(parents=True)
-    log.write_bytes(bytes(range(256)) * 40)
+    log.write_bytes(b"".join(b"line %d of something else\n" % i for i in range(40)))
     proc = subprocess.run([*EXE, "replay", str(tmp_path / "log"), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "nothing new since the last run" not in proc.stdout
     line = proc.stderr.strip()
     assert STAMPED.match(line), line  # timestamped text by default
     assert f"no mindformers step record was recognised in the 40 line(s) read from {log}" in line
+
+
+def test_replay_and_check_of_a_binary_file_name_it(tmp_path: Path) -> None:
+    """Binary data under a log's name: one warning naming it (nothing of it is parsed as lines);
+    ``check`` says the same."""
+    log = tmp_path / "log" / "rank_0" / "info.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(bytes(range(256)) * 40)
+    proc = subprocess.run([*EXE, "replay", str(tmp_path / "log"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    line = proc.stderr.strip()
+    assert STAMPED.match(line) and line.endswith(f"WARNING: {log} holds binary data, not a text log; it is not read "
+                                                 "('mstb-sidecar check PATH' shows what each file was taken for)"), line
+    check = subprocess.run([*EXE, "check", str(tmp_path / "log")], capture_output=True, text=True, timeout=120)
+    assert re.search(rf"\n  0 +- +{log} +not recognised: binary data, not a text log\n", check.stdout), check.stdout
+
+
+@pytest.mark.parametrize("lines", [False, True], ids=["no-newline", "newlines"])
+def test_live_binary_file_is_named_once_and_leaves_no_lag(tmp_path: Path, lines: bool) -> None:
+    """A binary info.log beside a real one, live: one warning naming it, an unreadable file in
+    the status and the metrics, and a lag of 0 (its bytes are not a line that may yet end), also
+    after more binary data is appended."""
+    logs = tmp_path / "log"
+    shutil.copytree(GRAPH / "log", logs)
+    junk = bytes(range(256)) if lines else bytes(b for b in range(256) if b != 10)
+    binary = logs / "rank_1" / "info.log"
+    binary.write_bytes(junk * 8)
+    port = _free_port()
+    sidecar = Sidecar([logs], tmp_path / "out", "inotify", tmp_path, "--status-interval", "0.3",
+                      "--metrics-port", str(port))
+    try:
+        sidecar.start()
+        wait_until(lambda: loss_steps(tmp_path / "out" / "rank_0") == 16, 30, "rank 0")
+        with open(binary, "ab") as fh:
+            fh.write(junk * 2)
+        status = "following 2 file(s), 1 rank(s), last step 16 (rank 0), lag 0 bytes, not written: 1 unreadable"
+        wait_until(lambda: sidecar.stderr().count(status) >= 2, 10, "two status lines after the append")
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'mstb_sidecar_records_not_written_total{rank="1",reason="unreadable"} 1.0' in metrics, metrics
+        assert sidecar.stop()[0] == 0
+    finally:
+        sidecar.cleanup()
+    err = sidecar.stderr()
+    assert err.count(f"WARNING: {binary} holds binary data, not a text log; it is not read") == 1, err
+    assert "lag 0 bytes" in err.splitlines()[-1], err
 
 
 def test_journald_gets_no_timestamps_and_json_is_one_object_per_line(tmp_path: Path) -> None:

@@ -15,9 +15,14 @@ Reasons (nothing is dropped for any reason not on this list):
 - ``too-long``: a line over ``--max-line-bytes``;
 - ``thinned``: a training record none of whose points ``--every N`` keeps (an opted-in loss of
   resolution, :mod:`sidecar.output.thinning`);
+- ``deleted-unread``: step records the writer deleted before the sidecar read them (a rotation
+  chain rolled over more often than it keeps backups while the sidecar was stopped or behind);
+  counted from the steps missing between the files around them, and warned about;
 - ``unreadable``: a file that could not be opened or read, or a directory that could not be
   listed (permissions, I/O error); counted once per path and warned about (rate-limited), since
-  every later record in it is lost until it becomes readable.
+  every later record in it is lost until it becomes readable. Also a file that holds binary data
+  rather than a log (:func:`sidecar.following.tailer.looks_binary`), counted and warned about once
+  by the engine.
 
 Counters are per rank (the rank a line was routed to, or the path's rank for file-level reasons)
 and live for the whole process, so they never drop when a finished file is forgotten.
@@ -41,6 +46,7 @@ class Reason(str, Enum):
     MALFORMED = "malformed"
     TOO_LONG = "too-long"
     THINNED = "thinned"
+    DELETED_UNREAD = "deleted-unread"
     UNREADABLE = "unreadable"
 
 

@@ -80,10 +80,12 @@ def record_identity(record: Record) -> Identity:
 @dataclass
 class ChainCursor:
     """Where one chain is for one rank: its previous training step in position order, and
-    whether its latest step record belongs to the run's current segment."""
+    whether its latest step record belongs to the run's current segment. ``stride``: how far
+    its last step moved forward (``per_print_times`` logs every N-th step; not checkpointed)."""
 
     prev_step: int | None = None
     live: bool = True
+    stride: int = 1
 
 
 @dataclass
@@ -112,6 +114,8 @@ class RankSequencer:
         key = record_identity(record)
         went_back = cursor.prev_step is not None and step <= cursor.prev_step  # a step again is a resume too
         fresh = cursor.prev_step is None
+        if not fresh and not went_back:
+            cursor.stride = step - cursor.prev_step
         cursor.prev_step = step
         shown = self._seen.get(key)
         if shown is not None:

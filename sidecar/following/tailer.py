@@ -19,9 +19,17 @@ Assumptions and how each is guarded:
 - A restored offset is trusted only if the file still holds the same bytes before it (the
   *offset marker*) and the same head; otherwise the file is read from 0. Re-reading is safe
   because the sequencer drops records it has already written; skipping would lose data.
+  The marker must be evidence, not a coincidence: a job relaunched with ``> train.log`` writes
+  the same banner (the head) and records of the same width, and the end of a progress-bar line
+  is the same at every step. So it covers whole lines before the offset, at least
+  :data:`MARKER_LINES` and at least one that carries a date or a step (:func:`marker_start`,
+  up to :data:`MARKER_MAX` bytes); the live content check compares the same bytes.
 - A partial last line is left unread until its newline arrives, so a line is never parsed
   half-written, and a restart re-reads it from its first byte.
 - A line longer than ``max_line`` is skipped to its newline and counted; the file keeps going.
+- A file whose first line (after any NUL filler) holds a control byte no log line has is
+  binary, not a log (:func:`looks_binary`, which ``check`` asks too): none of it is returned,
+  so no garbage is parsed and no partial "line" waits forever; :attr:`FileTail.binary` says so.
 
 Polling (no file events) a thousand files that do not grow would ``fstat`` each of them every
 poll; with :attr:`FileTail.backoff` set, a file that has not grown for :data:`QUIET_AFTER` seconds
@@ -34,13 +42,23 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import time
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
 HEAD_BYTES = 1024
-MARKER_BYTES = 64
+MARKER_BYTES = 64  # the marker of checkpoints written before whole-line markers (FileState.marker_kind 1)
+MARKER_LINES = 4  # whole lines before the offset that the marker covers, at least
+MARKER_MAX = 16 << 10  # bytes before the offset it covers, at most (lines that long are rare)
+TEXT_PEEK = 4096  # bytes of a file's first line that looks_binary judges
+BINARY = "binary data, not a text log"  # what the engine and ``check`` call such a file
+# Bytes no log line holds: NUL and the C0 controls but tab, newline, CR and ESC (colours).
+_FILLER = re.compile(rb"\x00*")
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]")
+# What tells two runs' lines apart: a date (the timestamp prefix) or a step number.
+_EVIDENCE = re.compile(rb"\d{4}-\d\d-\d\d|step\W{0,8}\d")
 QUIET_AFTER = 10.0  # seconds without growth before a file is looked at less often (with a backoff)
 QUIET_START = 0.125  # the first wait then; it doubles per look that finds nothing new
 
@@ -62,6 +80,33 @@ def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
+def looks_binary(start: bytes) -> bool:
+    """Is a file that begins with ``start`` binary rather than a log? Its first line (up to
+    :data:`TEXT_PEEK` bytes, after a copytruncate's NUL filler) holds a control byte."""
+    begin = _FILLER.match(start).end()
+    end = start.find(b"\n", begin, begin + TEXT_PEEK)
+    return _CONTROL.search(start, begin, min(len(start), begin + TEXT_PEEK) if end < 0 else end) is not None
+
+
+def marker_start(before: bytes) -> int:
+    """Where the marker begins in ``before`` (bytes that end at the offset, a line boundary):
+    the start of the :data:`MARKER_LINES`-th complete line back, or further back to a line with a
+    date or a step; 0 when ``before`` holds fewer (the file's start, or :data:`MARKER_MAX`)."""
+    end = len(before)
+    lines = 0
+    evidence = False
+    while end > 0:
+        start = before.rfind(b"\n", 0, end - 1) + 1
+        if start == 0:
+            return 0
+        lines += 1
+        evidence = evidence or _EVIDENCE.search(before, start, end) is not None
+        if lines >= MARKER_LINES and evidence:
+            return start
+        end = start
+    return 0
+
+
 class FileTail:
     """Reads complete lines from one file; see the module docstring for the contract."""
 
@@ -71,6 +116,7 @@ class FileTail:
         self.offset = 0
         self.max_line = max_line
         self.skipping = False
+        self.binary = False  # its start is binary data (looks_binary): skipped, not read
         self.long_lines = 0
         self.truncations = 0
         self.size = 0
@@ -97,24 +143,38 @@ class FileTail:
             raise
 
     # -- identity checks -------------------------------------------------------------------
-    def fingerprint(self) -> tuple[str, str]:
+    def fingerprint(self, kind: int = 2) -> tuple[str, str]:
         """(head digest, offset-marker digest) of the bytes before the offset, as they are now.
 
         Both cover only bytes the file already had when the offset was reached (the head is
         the first ``min(HEAD_BYTES, offset)`` bytes, empty at 0), so a file that was only
-        appended to after a checkpoint still verifies.
+        appended to after a checkpoint still verifies. ``kind`` 2: the marker is whole lines
+        (:func:`marker_start`); 1: the last :data:`MARKER_BYTES` bytes (older checkpoints).
         """
         fd = self._open()
         head = os.pread(fd, min(HEAD_BYTES, self.offset), 0)
-        start = max(0, self.offset - MARKER_BYTES)
-        marker = os.pread(fd, self.offset - start, start)
-        return _digest(head), _digest(marker)
+        return _digest(head), _digest(self._marker(fd) if kind == 2 else self._last(fd, MARKER_BYTES))
 
-    def verify(self, head: str, marker: str) -> bool:
+    def _last(self, fd: int, count: int) -> bytes:
+        start = max(0, self.offset - count)
+        return os.pread(fd, self.offset - start, start)
+
+    def _marker(self, fd: int) -> bytes:
+        """The marker's bytes (:func:`marker_start`), read back in growing pieces: the lines it
+        covers are mostly far shorter than :data:`MARKER_MAX`."""
+        want = HEAD_BYTES
+        while True:
+            before = self._last(fd, want)
+            start = marker_start(before)
+            if start or want >= MARKER_MAX or len(before) < want:
+                return before[start:]
+            want = min(4 * want, MARKER_MAX)
+
+    def verify(self, head: str, marker: str, kind: int = 2) -> bool:
         """Is a restored offset still valid for this file's content? If not, restart at 0."""
         try:
             size = os.fstat(self._open()).st_size
-            ok = size >= self.offset and self.fingerprint() == (head, marker)
+            ok = size >= self.offset and self.fingerprint(kind) == (head, marker)
             if ok:
                 self._remember()
         except OSError:
@@ -141,8 +201,8 @@ class FileTail:
         (at once: a file rewritten before the first read must not become the reference)."""
         fd = self._open()
         self._head = os.pread(fd, min(HEAD_BYTES, self.offset), 0)
-        start = max(0, self.offset - MARKER_BYTES)
-        self._before = os.pread(fd, self.offset - start, start)
+        self._before = self._marker(fd)
+        self.binary = looks_binary(self._head)  # what it would have been found at its first read
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, budget: int) -> list[tuple[int, bytes]]:
@@ -165,8 +225,11 @@ class FileTail:
         data = self._read_checked(fd, max(budget, self.max_line + 1), size)
         base = self.offset
         self.starved = base + len(data) < size
-        lines = self._split(data, base)
-        if lines is not None:
+        if base == 0:
+            self.binary = looks_binary(data)
+        if self.binary:
+            lines, pos = [], len(data)
+        elif (lines := self._split(data, base)) is not None:
             pos = len(data) - len(lines.pop()[1])  # the partial last line waits for its newline
         else:
             lines, pos = self._scan(data, base)
@@ -174,7 +237,9 @@ class FileTail:
         self.bytes_read += pos
         if len(self._head) < HEAD_BYTES:
             self._head += data[: min(pos, HEAD_BYTES - len(self._head))]
-        self._before = (self._before + data[max(0, pos - MARKER_BYTES) : pos])[-MARKER_BYTES:]
+        if pos:
+            before = (self._before + data[max(0, pos - MARKER_MAX) : pos])[-MARKER_MAX:]
+            self._before = before[marker_start(before):]
         return lines
 
     def _split(self, data: bytes, base: int) -> list[tuple[int, bytes]] | None:

@@ -51,6 +51,9 @@ class FileState(BaseModel):
     skipping: bool = False
     head: str
     marker: str
+    # 2: whole lines before the offset (sidecar.following.tailer.marker_start); a checkpoint
+    # without it (1) holds the 64 bytes before the offset, still verified as such once
+    marker_kind: int = 1
 
 
 class StreamState(BaseModel):

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from sidecar.following.chains import PEEK_BYTES, head_records
 from sidecar.following.discovery import Candidate, discover
+from sidecar.following.tailer import BINARY, TEXT_PEEK, looks_binary
 from sidecar.service.config import SidecarConfig
 
 
@@ -30,9 +31,12 @@ def inspect(candidate: Candidate, rank_pattern: str | None) -> Finding:
     """Parse the first :data:`PEEK_BYTES` of a file as the engine would."""
     try:
         size = os.stat(candidate.path).st_size
-        open(candidate.path, "rb").close()
+        with open(candidate.path, "rb") as fh:
+            binary = looks_binary(fh.read(TEXT_PEEK))
     except OSError as exc:
         return Finding(candidate, [candidate.rank], [], None, f"unreadable: {(exc.strerror or str(exc)).lower()}")
+    if binary:
+        return Finding(candidate, [candidate.rank], [], None, f"not recognised: {BINARY}")
     ranks: set[int] = set()
     formats: set[str] = set()
     first: int | None = None

@@ -23,6 +23,7 @@ SHORT = {  # the "not written" column's abbreviations, explained in the legend
     Reason.MALFORMED: ("bad", "a line that starts like a step record but does not parse, or a cut-off line"),
     Reason.TOO_LONG: ("long", "a line over --max-line-bytes"),
     Reason.THINNED: ("thin", "not kept by --every"),
+    Reason.DELETED_UNREAD: ("gone", "deleted by the writer's rotation before it was read"),
     Reason.UNREADABLE: ("unread", "a file that could not be read"),
 }
 HEADER = ("rank", "steps", "first", "last", "tags", "not written")

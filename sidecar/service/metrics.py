@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from parsers import tags
 from parsers.lifecycle import Lifecycle
 from sidecar import __version__
+from sidecar.analysis.accounting import Reason
 from sidecar.engine import Engine
 from sidecar.service.notify import Notifier
 
@@ -76,7 +77,7 @@ class EngineCollector(Collector):
         yield written
         dropped = CounterMetricFamily(
             "mstb_sidecar_records_not_written",
-            "Records or lines read but not written, by reason (duplicate, superseded, malformed, too-long, unreadable)",
+            f"Records or lines read but not written, by reason ({', '.join(r.value for r in Reason)})",
             labels=[*PER_RANK, "reason"],
         )
         for (rank_id, reason), count in sorted(engine.accounting.dropped.items()):

@@ -221,11 +221,16 @@ def _family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
     return family, sockaddr[0]
 
 
-def serve(engine: Engine, host: str, port: int, notifier: Notifier, job: str) -> EngineCollector:
-    """Start the endpoint; the daemon points the returned collector at a new engine if it starts over."""
+def registry_for(engine: Engine, job: str) -> tuple[EngineCollector, CollectorRegistry]:
+    """The one registry that ``/metrics`` serves and ``--remote-write`` pushes; the daemon points
+    the returned collector at a new engine if it starts over."""
     collector = EngineCollector(engine, job)
     registry = CollectorRegistry()
     registry.register(collector)
+    return collector, registry
+
+
+def serve(registry: CollectorRegistry, host: str, port: int, notifier: Notifier) -> None:
+    """Start the endpoint in its own thread."""
     server = _Server(host, port, registry, Probes(notifier))
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return collector

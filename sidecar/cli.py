@@ -118,7 +118,8 @@ def _watch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--remote-write-interval", type=float, metavar="SECONDS",
                         help="seconds between pushes (default 15)")
     parser.add_argument("--remote-write-queue", type=int, metavar="SAMPLES",
-                        help="samples kept while the receiver is unreachable, the oldest dropped first (default 100000)")
+                        help="samples kept while the receiver is unreachable, the oldest dropped first "
+                        "(default 100000)")
     return parser
 
 

@@ -103,6 +103,11 @@ def stored(prom: Prometheus, job: str) -> dict[tuple[str, frozenset], float]:
     return found
 
 
+def key(name: str, job: str, **labels: str) -> tuple[str, frozenset]:
+    """A series as :func:`exposition` and :func:`stored` name it."""
+    return name, frozenset({"training_job": job, **labels}.items())
+
+
 def same(a: float, b: float) -> bool:
     return a == b or math.isnan(a) and math.isnan(b)
 
@@ -119,37 +124,38 @@ def test_prometheus_holds_what_metrics_shows_and_what_was_queued_while_it_was_do
     port = free_port()
     side = sidecar(tmp_path, FIXTURE, "--metrics-port", str(port), "--job", "rw-fixture", "--remote-write",
                    prometheus.url, "--remote-write-interval", "0.3", "--status-interval", "0")
-    rank0 = frozenset({("training_job", "rw-fixture"), ("rank", "0")})
+    step, loss = key("mstb_sidecar_training_step", "rw-fixture", rank="0"), key("mstb_sidecar_training_loss",
+                                                                                  "rw-fixture", rank="0")
     try:
         def agree() -> bool:
             shown, held = exposition(port), stored(prometheus, "rw-fixture")
-            return shown.get(("mstb_sidecar_training_step", rank0)) == 200.0 and shown.keys() == held.keys() and all(
-                same(value, held[key]) for key, value in shown.items() if not key[0].startswith(VOLATILE))
+            return shown.get(step) == 200.0 and shown.keys() == held.keys() and all(
+                same(value, held[series]) for series, value in shown.items() if not series[0].startswith(VOLATILE))
 
         wait_until(agree, 20, "Prometheus to hold every series /metrics shows, with its value", interval=0.2)
         held = stored(prometheus, "rw-fixture")
-        assert held[("mstb_sidecar_training_step", rank0)] == 200.0
-        assert held[("mstb_sidecar_training_loss", rank0)] == exposition(port)[("mstb_sidecar_training_loss", rank0)]
-        assert held[("mstb_sidecar_records_written_total", rank0)] > 0
+        assert held[step] == 200.0 and held[loss] == exposition(port)[loss]
+        assert held[key("mstb_sidecar_records_written_total", "rw-fixture", rank="0")] > 0
 
         prometheus.stop()
         down = time.time()
-        pending = ("mstb_sidecar_remote_write_pending_samples", frozenset({("training_job", "rw-fixture")}))
+        pending = key("mstb_sidecar_remote_write_pending_samples", "rw-fixture")
         wait_until(lambda: exposition(port)[pending] >= 5 * len(held), 10, "five snapshots to be queued")
-        assert exposition(port)[("mstb_sidecar_remote_write_failed_requests_total", frozenset(
-            {("training_job", "rw-fixture"), ("reason", "network")}))] >= 2
+        failed = key("mstb_sidecar_remote_write_failed_requests_total", "rw-fixture", reason="network")
+        assert exposition(port)[failed] >= 2
         side.proc.send_signal(signal.SIGUSR1)
-        wait_until(lambda: "pending; failing since" in side.stderr() or re.search(r"\d+ pending.*failing since",
-                                                                                   side.stderr()), 5, "the status line")
+        wait_until(lambda: re.search(r"remote write: \d+ sent, \d+ pending; failing since \d+ s: ", side.stderr()),
+                   5, "the status line to say so")
         assert side.running() and "remote write to http://127.0.0.1" in side.stderr()  # a warning, not an exit
         up = time.time()
         prometheus.start()
-        sent = ("mstb_sidecar_remote_write_samples_total", frozenset({("training_job", "rw-fixture"), ("outcome", "sent")}))
+        sent = key("mstb_sidecar_remote_write_samples_total", "rw-fixture", outcome="sent")
         wait_until(lambda: exposition(port)[pending] < 2 * len(held), 15, "the queue to drain")
-        steps = prometheus.raw(f'mstb_sidecar_training_step{{training_job="rw-fixture",rank="0"}}[{time.time() - down + 30:.0f}s]')
+        window = f"{time.time() - down + 30:.0f}s"
+        steps = prometheus.raw(f'mstb_sidecar_training_step{{training_job="rw-fixture",rank="0"}}[{window}]')
         during = [float(t) for t, v in steps[0]["values"] if down + 0.2 < float(t) < up and v == "200"]
         assert len(during) >= 4, (down, up, steps)  # the snapshots taken while it was down
-        dropped = ("mstb_sidecar_remote_write_samples_total", frozenset({("training_job", "rw-fixture"), ("outcome", "dropped")}))
+        dropped = key("mstb_sidecar_remote_write_samples_total", "rw-fixture", outcome="dropped")
         assert exposition(port)[dropped] == 0 and exposition(port)[sent] > 0
     finally:
         rc, _ = side.stop()
@@ -162,7 +168,7 @@ def test_sigterm_pushes_the_last_values(tmp_path: Path, prometheus: Prometheus) 
     port = free_port()
     side = sidecar(tmp_path, tmp_path / "output", "--metrics-port", str(port), "--job", "rw-final",
                    "--remote-write", prometheus.url, "--remote-write-interval", "600")
-    step = ("mstb_sidecar_training_step", frozenset({("training_job", "rw-final"), ("rank", "0")}))
+    step = key("mstb_sidecar_training_step", "rw-final", rank="0")
     wait_until(lambda: exposition(port).get(step) == 5.0, 10, "step 5 to be read")
     log.step(3)
     wait_until(lambda: exposition(port).get(step) == 8.0, 10, "step 8 to be read")
@@ -275,8 +281,7 @@ def test_5xx_and_429_are_retried_with_the_same_samples_and_retry_after_is_honour
                    "--remote-write", receiver.url, "--remote-write-interval", "0.2")
     wait_until(lambda: len(receiver.pushes) >= 6, 15, "the receiver to accept pushes")
     shown = exposition(port)
-    failed = {reason: shown[("mstb_sidecar_remote_write_failed_requests_total",
-                              frozenset({("training_job", "rw-retry"), ("reason", reason)}))]
+    failed = {reason: shown[key("mstb_sidecar_remote_write_failed_requests_total", "rw-retry", reason=reason)]
               for reason in ("network", "server-error", "throttled")}
     rc, _ = side.stop()
     assert rc == 0, side.stderr()
@@ -306,8 +311,7 @@ def test_a_4xx_is_rejected_not_retried_counted_and_logged_once(tmp_path: Path, r
     assert len({p.body for p in receiver.pushes}) == len(receiver.pushes)  # each snapshot once: no retry
     assert side.stderr().count("sample too old for this test") == 1
     assert "HTTP 400: out of bounds: sample too old for this test" in side.stderr()
-    assert all(shown[("mstb_sidecar_remote_write_failed_requests_total",
-                      frozenset({("training_job", "rw-reject"), ("reason", reason)}))] == 0
+    assert all(shown[key("mstb_sidecar_remote_write_failed_requests_total", "rw-reject", reason=reason)] == 0
                for reason in ("network", "server-error", "throttled"))
     assert stopped_counts(side) == {"sent": 0, "rejected": receiver.samples(400)}
 
@@ -348,7 +352,7 @@ def test_a_hung_receiver_never_delays_the_event_files_nor_the_exit(tmp_path: Pat
         wait_until(lambda: all_written(tmp_path / "tb", [log]), 5, "the event files to keep up")
     rc, took = side.stop()
     assert rc == 0 and took < 4, (took, side.stderr())
-    assert re.search(r"remote write to \S+: \d+ sample\(s\) not sent within --drain-timeout 1 s", side.stderr())
+    assert re.search(r"remote write to \S+: \d+ sample\(s\) not sent within the drain timeout \(1 s; ", side.stderr())
     assert stopped_counts(side)["dropped"] > 0
 
 

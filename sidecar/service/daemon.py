@@ -62,6 +62,7 @@ from sidecar.service.replay import alert_command, settings_from
 from sidecar.service.status import Decisions, Waiting, status_line
 
 if TYPE_CHECKING:
+    from sidecar.service.metrics import EngineCollector
     from sidecar.service.remote_write import RemoteWrite
 
 log = logging.getLogger(__name__)
@@ -124,28 +125,7 @@ def run_daemon(config: SidecarConfig) -> int:
     notifier = Notifier()
     wake = WakeUp(config.paths, config.out, config.poll, config.min_read_interval)
     signals = _Signals(wake.event)
-    collector = pusher = None
-    job = config.job or str(config.out.resolve())
-    if config.metrics_port is not None or config.remote_write is not None:
-        from sidecar.service.metrics import registry_for
-
-        collector, registry = registry_for(engine, job)
-    if config.remote_write is not None:
-        from sidecar.service.remote_write import RemoteWrite, RemoteWriteCollector
-
-        pusher = RemoteWrite(config.remote_write, registry, config.remote_write_interval,
-                             config.remote_write_queue, config.instance)
-        registry.register(RemoteWriteCollector(pusher, job))
-    if config.metrics_port is not None:
-        from sidecar.service.metrics import serve
-
-        try:
-            serve(registry, config.metrics_host, config.metrics_port, notifier)
-        except OSError as exc:
-            wake.stop()
-            raise MetricsUnavailable(
-                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
-                "choose another --metrics-port (or --metrics-host), or stop what uses it") from None
+    collector, pusher = _publish(engine, config, notifier, wake)
     waiting = Waiting(config.paths, config.wait_grace)
     try:
         engine.scan()
@@ -177,6 +157,33 @@ def run_daemon(config: SidecarConfig) -> int:
     engine.close()
     log.info("stopped: %s", status_line(engine, waiting.missing, pusher))
     return 0
+
+
+def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier,
+             wake: WakeUp) -> tuple[EngineCollector | None, RemoteWrite | None]:
+    """The one registry that ``--metrics-port`` serves and ``--remote-write`` pushes, when either is on."""
+    if config.metrics_port is None and config.remote_write is None:
+        return None, None
+    from sidecar.service.metrics import registry_for, serve
+
+    job = config.job or str(config.out.resolve())
+    collector, registry = registry_for(engine, job)
+    pusher = None
+    if config.remote_write is not None:
+        from sidecar.service.remote_write import RemoteWrite, RemoteWriteCollector
+
+        pusher = RemoteWrite(config.remote_write, registry, config.remote_write_interval,
+                             config.remote_write_queue, config.instance)
+        registry.register(RemoteWriteCollector(pusher, job))
+    if config.metrics_port is not None:
+        try:
+            serve(registry, config.metrics_host, config.metrics_port, notifier)
+        except OSError as exc:
+            wake.stop()
+            raise MetricsUnavailable(
+                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
+                "choose another --metrics-port (or --metrics-host), or stop what uses it") from None
+    return collector, pusher
 
 
 def _start_over(engine: Engine, settings: Settings, lost: OutputLost) -> Engine:

@@ -16,7 +16,7 @@ exponential backoff and jitter (Retry-After honoured); any other answer outside 
 samples are counted as rejected and the first such answer is logged with the server's message.
 The queue is bounded in samples (``--remote-write-queue``): when full, the oldest snapshots are
 dropped and counted (the newest is always kept). On SIGTERM a last snapshot is taken after the
-drain and the queue is sent within ``--drain-timeout``; what is left then is counted as dropped.
+drain and the queue is sent within ``drain_timeout``; what is left then is counted as dropped.
 Outcomes are counted in ``mstb_sidecar_remote_write_*`` (pushed too) and in the status line.
 """
 
@@ -66,7 +66,8 @@ def _write_request_class() -> type:
     def message(name: str, *fields: tuple[str, int, int, int, str]) -> None:
         m = proto.message_type.add(name=name)
         for field_name, number, kind, label, type_name in fields:
-            m.field.add(name=field_name, number=number, type=kind, label=label, **({"type_name": type_name} if type_name else {}))
+            named = {"type_name": type_name} if type_name else {}
+            m.field.add(name=field_name, number=number, type=kind, label=label, **named)
 
     one, many = f.LABEL_OPTIONAL, f.LABEL_REPEATED
     message("WriteRequest", ("timeseries", 1, f.TYPE_MESSAGE, many, ".prometheus.TimeSeries"))
@@ -125,6 +126,7 @@ class RemoteWrite:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._deadline: float | None = None  # set by close(): send what is queued until then
+        self._gave_up = False  # close() counted what was left as dropped: a late answer counts nothing
         self._failing_since: float | None = None
         self._last_error = ""
         self._rejection_logged = False
@@ -152,13 +154,13 @@ class RemoteWrite:
         self._threads[1].join(timeout)
         with self._cond:
             left = self.pending
-            if left:
-                self.counts["dropped"] += left
-                self._queue.clear()
-                self._queued = self._in_flight = 0
+            self.counts["dropped"] += left
+            self._queue.clear()
+            self._queued = self._in_flight = 0
+            self._gave_up = True
         if left:
-            log.warning("remote write to %s: %d sample(s) not sent within --drain-timeout %g s (%s); counted as dropped",
-                        self.url, left, timeout, self._last_error or "the receiver is slow")
+            log.warning("remote write to %s: %d sample(s) not sent within the drain timeout (%g s; %s); "
+                        "counted as dropped", self.url, left, timeout, self._last_error or "the receiver is slow")
 
     def snapshot(self) -> None:
         """Read the registry now and queue the push; drop the oldest pushes past the capacity."""
@@ -173,18 +175,20 @@ class RemoteWrite:
             self._cond.notify_all()
 
     def describe(self) -> str:
-        """The status line's part: ``remote write: 1200 sent, 40 pending, 300 dropped; failing: ...``."""
-        counts = self.counts
+        """The status line's part: ``remote write: 1200 sent, 40 pending, 300 dropped; failing since 30 s: ...``."""
+        counts, since = self.counts, self._failing_since  # read once: the sending thread may clear it meanwhile
         parts = [f"{counts['sent']} sent"] + [f"{n} {what}" for what, n in
                                                (("pending", self.pending), ("dropped", counts["dropped"]),
                                                 ("rejected", counts["rejected"])) if n]
-        failing = f"; failing since {time.monotonic() - self._failing_since:.0f} s: {self._last_error}" \
-            if self._failing_since is not None else ""
+        failing = f"; failing since {time.monotonic() - since:.0f} s: {self._last_error}" if since is not None else ""
         return f"remote write: {', '.join(parts)}{failing}"
 
     def _collect_loop(self) -> None:
         while not self._stop.is_set():
-            self.snapshot()
+            try:
+                self.snapshot()
+            except RuntimeError as exc:  # a dict the engine resized while read: as a failed scrape, taken again
+                log.debug("remote write: could not read the metrics (%s); next push in %g s", exc, self.interval)
             self._stop.wait(self.interval)
 
     def _send_loop(self) -> None:
@@ -206,6 +210,8 @@ class RemoteWrite:
                 return
             answer = self._post(item[1], timeout)
             with self._cond:
+                if self._gave_up:
+                    return
                 if answer.outcome != "retry":
                     self.counts[answer.outcome] += item[0]
                     self._in_flight, item = 0, None
@@ -231,7 +237,7 @@ class RemoteWrite:
             if exc.code == 429 or exc.code >= 500:
                 return _Answer("retry", "throttled" if exc.code == 429 else "server-error",
                                f"HTTP {exc.code}: {message}", _retry_after(exc.headers.get("Retry-After")))
-            return _Answer("rejected", "rejected", f"HTTP {exc.code}: {message}")
+            return _Answer("rejected", detail=f"HTTP {exc.code}: {message}")
         except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, DNS; a garbled answer
             reason = getattr(exc, "reason", None) or exc
             return _Answer("retry", "network", str(getattr(reason, "strerror", None) or reason))

@@ -9,14 +9,12 @@ format by hand, independently of the sidecar's encoder).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import signal
 import subprocess
 import threading
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -316,14 +314,20 @@ def test_a_4xx_is_rejected_not_retried_counted_and_logged_once(tmp_path: Path, r
     assert stopped_counts(side) == {"sent": 0, "rejected": receiver.samples(400)}
 
 
-def failing_for_two_seconds(n: int, started: list[float] = []) -> tuple[int, dict[str, str], bytes]:
-    """503 for two seconds from the first request, then 200."""
-    if n == 0:
-        started[:] = [time.monotonic()]
-    return (503, {}, b"down") if time.monotonic() < started[0] + 2.0 else (200, {}, b"")
+class DownFor:
+    """503 for ``seconds`` from the first request, then 200."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.until = math.inf
+
+    def __call__(self, n: int) -> tuple[int, dict[str, str], bytes]:
+        if n == 0:
+            self.until = time.monotonic() + self.seconds
+        return (503, {}, b"down") if time.monotonic() < self.until else (200, {}, b"")
 
 
-@pytest.mark.parametrize("receiver", [(failing_for_two_seconds,)], indirect=True)
+@pytest.mark.parametrize("receiver", [(DownFor(2.0),)], indirect=True)
 def test_a_full_queue_drops_the_oldest_snapshots_and_counts_them(tmp_path: Path, receiver: Receiver) -> None:
     side = sidecar(tmp_path, FIXTURE, "--job", "rw-drop", "--remote-write", receiver.url,
                    "--remote-write-interval", "0.1", "--remote-write-queue", "1")  # only the newest snapshot is kept

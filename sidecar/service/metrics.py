@@ -10,6 +10,9 @@
 - ``/readyz``: 200 once the first scan is done, 503 before.
 - anything else: 404, so a typo in a scrape or probe config is seen, not answered with metrics.
 
+The registry that ``/metrics`` serves is also what ``--remote-write`` pushes
+(:mod:`sidecar.service.remote_write`), so a push and a scrape show the same series.
+
 Health is what the main loop tells systemd (:class:`sidecar.service.notify.Notifier`), so the probes
 and the watchdog never disagree. The endpoint binds to 127.0.0.1 unless ``--metrics-host``
 says otherwise.

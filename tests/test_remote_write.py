@@ -332,7 +332,8 @@ class DownFor:
 def test_a_full_queue_drops_the_oldest_snapshots_and_counts_them(tmp_path: Path, receiver: Receiver) -> None:
     side = sidecar(tmp_path, FIXTURE, "--job", "rw-drop", "--remote-write", receiver.url,
                    "--remote-write-interval", "0.1", "--remote-write-queue", "1")  # only the newest snapshot is kept
-    wait_until(lambda: len([p for p in receiver.pushes if p.code == 200]) >= 3, 20, "the receiver to accept pushes again")
+    wait_until(lambda: len([p for p in receiver.pushes if p.code == 200]) >= 3, 20,
+               "the receiver to accept pushes again")
     rc, _ = side.stop()
     assert rc == 0, side.stderr()
     failed = {p.timestamp for p in receiver.pushes if p.code == 503}

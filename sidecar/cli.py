@@ -113,6 +113,13 @@ def _watch_parser() -> argparse.ArgumentParser:
                         help="warn when a --watch path still does not exist after this long (default 300; it keeps waiting)")
     parser.add_argument("--status-interval", type=float, metavar="SECONDS",
                         help="log a status line this often, and on SIGUSR1 (default 60; 0: only on SIGUSR1)")
+    parser.add_argument("--remote-write", metavar="URL",
+                        help="also push the metrics with Prometheus remote write, e.g. http://prometheus:9090/api/v1/write")
+    parser.add_argument("--remote-write-interval", type=float, metavar="SECONDS",
+                        help="seconds between pushes (default 15)")
+    parser.add_argument("--remote-write-queue", type=int, metavar="SAMPLES",
+                        help="samples kept while the receiver is unreachable, the oldest dropped first "
+                        "(default 100000)")
     return parser
 
 

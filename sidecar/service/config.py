@@ -17,6 +17,7 @@ import socket
 import tempfile
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -63,6 +64,9 @@ class SidecarConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     wait_grace: float = Field(300.0, ge=0)
     status_interval: float = Field(60.0, ge=0)
+    remote_write: str | None = None
+    remote_write_interval: float = Field(15.0, gt=0)
+    remote_write_queue: int = Field(100_000, ge=1, description="samples kept while the receiver is unreachable")
     # alerts
     alerts: AlertSettings = AlertSettings()
     on_alert: list[str] | None = None
@@ -117,6 +121,14 @@ class SidecarConfig(BaseModel):
             if shutil.which(str(value[0])) is None:
                 raise ValueError(f"'{value[0]}' is not an executable on PATH; give its full path")
         return value
+    @field_validator("remote_write")
+    @classmethod
+    def _remote_write(cls, value: str | None) -> str | None:
+        parts = urlsplit(value or "http://h")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not an http:// or https:// URL; e.g. http://prometheus:9090/api/v1/write")
+        return value
+
     @field_validator("metrics")
     @classmethod
     def _metrics(cls, value: list[CustomMetric]) -> list[CustomMetric]:

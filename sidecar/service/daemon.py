@@ -25,7 +25,8 @@ an idle sidecar pings in time however low an admin sets it, nor than the next st
 A ``--watch`` path that does not exist yet is waited for (:class:`sidecar.service.status.Waiting`): the
 sidecar is READY at once, so a training unit ordered after it can start and create it.
 
-SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, exit 0.
+SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, push the last
+values (``--remote-write``, bounded by ``drain_timeout`` too), exit 0.
 SIGUSR1: log the status line now. SIGHUP: rescan now. Open files are kept: they are followed by
 identity, and a renamed-away or deleted file that still has unread bytes can only be read
 through its open descriptor.
@@ -48,6 +49,7 @@ import threading
 import time
 from dataclasses import replace
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from sidecar.engine import Engine, Settings
 from sidecar.following.tailer import QUIET_AFTER
@@ -58,6 +60,10 @@ from sidecar.service.config import SidecarConfig
 from sidecar.service.notify import Notifier
 from sidecar.service.replay import alert_command, settings_from
 from sidecar.service.status import Decisions, Waiting, status_line
+
+if TYPE_CHECKING:
+    from sidecar.service.metrics import EngineCollector
+    from sidecar.service.remote_write import RemoteWrite
 
 log = logging.getLogger(__name__)
 
@@ -119,30 +125,23 @@ def run_daemon(config: SidecarConfig) -> int:
     notifier = Notifier()
     wake = WakeUp(config.paths, config.out, config.poll, config.min_read_interval)
     signals = _Signals(wake.event)
-    collector = None
-    if config.metrics_port is not None:
-        from sidecar.service.metrics import serve
-
-        try:
-            collector = serve(engine, config.metrics_host, config.metrics_port, notifier,
-                              config.job or str(config.out.resolve()))
-        except OSError as exc:
-            wake.stop()
-            raise MetricsUnavailable(
-                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
-                "choose another --metrics-port (or --metrics-host), or stop what uses it") from None
+    collector, pusher = _publish(engine, config, notifier, wake)
     waiting = Waiting(config.paths, config.wait_grace)
     try:
         engine.scan()
         log.info("watching %s (%s) -> %s; %d file(s) so far",
                  ", ".join(map(str, config.paths)), wake.mode, config.out, len(engine.sources))
-        notifier.ready(status_line(engine, waiting.missing))
+        notifier.ready(status_line(engine, waiting.missing, pusher))
+        if pusher is not None:
+            pusher.start()
         while True:
             try:
-                _loop(engine, config, notifier, wake, signals, waiting)
+                _loop(engine, config, notifier, wake, signals, waiting, pusher)
                 notifier.stopping()
                 _drain(engine, config.drain_timeout)
                 engine.checkpoint()
+                if pusher is not None:
+                    pusher.close(config.drain_timeout)  # the last values, drained, as the checkpoint has them
                 break
             except OutputLost as lost:
                 engine = _start_over(engine, settings, lost)
@@ -156,8 +155,35 @@ def run_daemon(config: SidecarConfig) -> int:
         if on_alert is not None:
             on_alert.close(config.drain_timeout)
     engine.close()
-    log.info("stopped: %s", status_line(engine, waiting.missing))
+    log.info("stopped: %s", status_line(engine, waiting.missing, pusher))
     return 0
+
+
+def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier,
+             wake: WakeUp) -> tuple[EngineCollector | None, RemoteWrite | None]:
+    """The one registry that ``--metrics-port`` serves and ``--remote-write`` pushes, when either is on."""
+    if config.metrics_port is None and config.remote_write is None:
+        return None, None
+    from sidecar.service.metrics import registry_for, serve
+
+    job = config.job or str(config.out.resolve())
+    collector, registry = registry_for(engine, job)
+    pusher = None
+    if config.remote_write is not None:
+        from sidecar.service.remote_write import RemoteWrite, RemoteWriteCollector
+
+        pusher = RemoteWrite(config.remote_write, registry, config.remote_write_interval,
+                             config.remote_write_queue, config.instance)
+        registry.register(RemoteWriteCollector(pusher, job))
+    if config.metrics_port is not None:
+        try:
+            serve(registry, config.metrics_host, config.metrics_port, notifier)
+        except OSError as exc:
+            wake.stop()
+            raise MetricsUnavailable(
+                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
+                "choose another --metrics-port (or --metrics-host), or stop what uses it") from None
+    return collector, pusher
 
 
 def _start_over(engine: Engine, settings: Settings, lost: OutputLost) -> Engine:
@@ -176,7 +202,7 @@ def _start_over(engine: Engine, settings: Settings, lost: OutputLost) -> Engine:
 
 
 def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeUp, signals: _Signals,
-          waiting: Waiting) -> None:
+          waiting: Waiting, pusher: RemoteWrite | None) -> None:
     # With file events, polling is only the safety net (a missed or overflowed event): the loop
     # sleeps until an event or the reconcile interval, and rescans on tree changes, so an idle
     # sidecar following a thousand files costs almost nothing. Without them, it polls.
@@ -230,7 +256,7 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
         stale = stale or read > 0
         report = signals.report or now >= next_status
         if report or notifier.enabled and stale and now >= next_notify:  # built only when it goes somewhere
-            status = status_line(engine, waiting.missing)
+            status = status_line(engine, waiting.missing, pusher)
             notifier.status(status)
             stale, next_notify = False, now + NOTIFY_STATUS_EVERY
             if report:

@@ -10,6 +10,9 @@
 - ``/readyz``: 200 once the first scan is done, 503 before.
 - anything else: 404, so a typo in a scrape or probe config is seen, not answered with metrics.
 
+The registry that ``/metrics`` serves is also what ``--remote-write`` pushes
+(:mod:`sidecar.service.remote_write`), so a push and a scrape show the same series.
+
 Health is what the main loop tells systemd (:class:`sidecar.service.notify.Notifier`), so the probes
 and the watchdog never disagree. The endpoint binds to 127.0.0.1 unless ``--metrics-host``
 says otherwise.
@@ -222,11 +225,16 @@ def _family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
     return family, sockaddr[0]
 
 
-def serve(engine: Engine, host: str, port: int, notifier: Notifier, job: str) -> EngineCollector:
-    """Start the endpoint; the daemon points the returned collector at a new engine if it starts over."""
+def registry_for(engine: Engine, job: str) -> tuple[EngineCollector, CollectorRegistry]:
+    """The one registry that ``/metrics`` serves and ``--remote-write`` pushes; the daemon points
+    the returned collector at a new engine if it starts over."""
     collector = EngineCollector(engine, job)
     registry = CollectorRegistry()
     registry.register(collector)
+    return collector, registry
+
+
+def serve(registry: CollectorRegistry, host: str, port: int, notifier: Notifier) -> None:
+    """Start the endpoint in its own thread."""
     server = _Server(host, port, registry, Probes(notifier))
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return collector

@@ -11,20 +11,24 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from parsers.lifecycle import Lifecycle
 from sidecar.analysis.aggregate import rank_ranges
 from sidecar.engine import Engine
 from sidecar.following.tailer import Identity
 
+if TYPE_CHECKING:
+    from sidecar.service.remote_write import RemoteWrite
+
 log = logging.getLogger(__name__)
 
 MAX_STEP_GROUPS = 4  # a 1024-rank job must still fit one line
 
 
-def status_line(engine: Engine, waiting: list[Path]) -> str:
+def status_line(engine: Engine, waiting: list[Path], pusher: RemoteWrite | None = None) -> str:
     """``following 4 file(s), 2 rank(s), last step 16 (rank 0-1), training finished (rank 1), lag 0 bytes,
-    not written: ...``"""
+    not written: ..., remote write: ...``"""
     sources = list(engine.sources.values())
     lag = sum(max(s.tail.size - s.tail.offset, 0) for s in sources)
     parts = [f"following {len(sources)} file(s)", f"{len(engine.ranks)} rank(s)"]
@@ -38,6 +42,8 @@ def status_line(engine: Engine, waiting: list[Path]) -> str:
     dropped = engine.accounting.describe()
     if dropped:
         parts.append(f"not written: {dropped}")
+    if pusher is not None:
+        parts.append(pusher.describe())
     line = ", ".join(parts)
     if waiting:
         line = f"waiting for {', '.join(map(str, waiting))} to appear; {line}"

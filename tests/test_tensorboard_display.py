@@ -22,7 +22,7 @@ from tb_server import tensorboard
 DP2 = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output"
 MAIN = ["loss", "learning-rate", "grad-norm", "loss-scale", "iteration-time", "throughput",
         "model-flops-throughput-per-npu"]  # the metrics the bundled 2-rank run has, loss first
-TEXTS = {"events/compile", "events/training-start", "events/training-over"}
+TEXTS = {"events/compile", "events/training-start", "events/training-over", "events/lifecycle/finished"}
 HEAD = ("[INFO] 2026-11-29 10:00:{s:02d},000 [mindformers/core/callback/callback.py:747] print_output_info: "
         "{{ Epoch:[  1/  1], step:[{step:5d}/  100], loss: {loss:.6f}, per_step_time: 500ms, lr: 1e-05, "
         "overflow cond: False, loss_scale: 1.0{norm}")

@@ -214,7 +214,7 @@ class Alerts:
         state = lifecycle_of(record)
         if state is not None:
             if state is not watch.lifecycle:
-                self._lifecycle(rank, watch, state, record)
+                self._lifecycle(rank, watch, state, record, seen)
             if not record.training_step and watch.stall is not None:
                 watch.stall.arrived = None  # finished, died or (re)starting: no stall before the next step
         if record.texts:
@@ -273,15 +273,19 @@ class Alerts:
             if loss is not None:
                 self.loss_sink(rank, record.step, loss, record.wall_time, loss_ranks)
 
-    def _lifecycle(self, rank: int, watch: RankWatch, state: Lifecycle, record: Record) -> None:
+    def _lifecycle(self, rank: int, watch: RankWatch, state: Lifecycle, record: Record, seen: bool) -> None:
+        """Move a rank's lifecycle. A record the run already shows (a copy in another file, or read
+        again after a restart) moves it too, so the state ends where the log does, but says nothing:
+        the change was told when the record was first read (a copy in ``worker_N.log`` of a
+        finished ``info.log`` would otherwise say "running again")."""
         was, watch.lifecycle = watch.lifecycle, state
         stall = watch.stall
         if state is not Lifecycle.RUNNING and stall is not None and stall.episode.update(False) == "end":
             self._emit(Alert("stall", Group.STALL, rank, record.step, "step", None, None,
                              f"the training {'finished' if state is Lifecycle.FINISHED else 'died'}",
                              resolved=True, wall_time=record.wall_time))
-        if was is None and state is Lifecycle.RUNNING:
-            return  # the ordinary start
+        if seen or was is None and state is Lifecycle.RUNNING:
+            return  # told before, or the ordinary start
         text = next(iter(record.texts.values()), "")
         change = LifecycleChange(rank, record.step, state, was, text, record.wall_time)
         for sink in self.lifecycle_sinks:

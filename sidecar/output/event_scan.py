@@ -122,6 +122,17 @@ def _current_names(watermarks: dict[str, int]) -> dict[str, int]:
     return out
 
 
+TextIdentity = tuple[str, float, bytes]  # tag (as written today), wall time (the line's timestamp), text
+
+
+def run_texts(run_dir: Path) -> set[TextIdentity]:
+    """The identity of every text any event file of the run holds (shown or superseded)."""
+    return {(_written_tag(value), event.wall_time, value.tensor.string_val[0])
+            for _, _, event in _events(run_dir) if event is not None
+            for value in event.summary.value
+            if value.metadata.plugin_data.plugin_name == TEXT_PLUGIN and value.tensor.string_val}
+
+
 def run_holds(run_dir: Path, key: Identity) -> bool:
     """Does any event file of the run hold a point with this identity (shown or superseded)?"""
     return any(event is not None and event.step == key[0] and _identity(event) == key

@@ -24,7 +24,7 @@ values in it do not enter the hash).
 
 A training resume writes a ``SessionLog.START`` that purges every tag's points from the resume
 step on, the card and HParams data too if they were written there; they are written again at
-the resume step then.
+the resume step then (also when the card's step came back from the checkpoint).
 
 Across restarts: what a rank's metadata holds (the configuration read so far, so also the global
 batch size and world size the batch-derived tags need, and where its segment and card are) is
@@ -223,7 +223,9 @@ class RunMetadata:
             if meta.written is None and meta.card_step is None and _load(writer.run_dir).get("settings") == values:
                 meta.written = values  # a restart that read the start-up lines again
                 continue
-            step = meta.segment_step if meta.card_step is None or meta.card_step < meta.segment_step else meta.last_step
+            # at the segment's first step, unless its card is shown and only the configuration changed since
+            shown = meta.written is not None and meta.card_step is not None and meta.card_step >= meta.segment_step
+            step = meta.last_step if shown else meta.segment_step
             step = max(step, writer.view.watermarks.get(CONFIG_TAG, -1) + 1)
             wall = meta.segment_wall if meta.segment_wall is not None else 0.0
             writer.write_values(step, wall, [text_value(CONFIG_TAG, markdown(values, digest)), *_hparams_values(values)])

@@ -225,3 +225,22 @@ def test_a_restart_then_a_resume_gives_the_card_and_layout_of_an_uninterrupted_r
     shown = read_run(out / "rank_0").texts
     assert list(shown["config"]) == [1] and list(shown["parallel-layout"]) == [1]
     assert_same_outputs(whole, out)
+
+
+def test_a_resume_after_the_card_keeps_it_where_one_replay_puts_it(tmp_path: Path) -> None:
+    """A replay writes the card at step 1; the log then goes back to step 6 (which does not purge
+    it) and a second replay reads on: the card stays at step 1, and one replay of the whole log puts
+    it there too (before, it wrote the card at its end, at the last segment's first step: 6)."""
+    log, before, _ = _resumed_log(tmp_path, steps=10, again=0)
+    lines = before.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if b"print_output_info: { Epoch" in line)
+    log.write_bytes(before)
+    out = tmp_path / "summary"
+    _replay(tmp_path / "output", out)
+    with open(log, "ab") as fh:
+        fh.write(b"".join(lines[first + 10:first + 16]).replace(b"2026-11-29", b"2026-11-30"))  # steps 6-8 again
+    _replay(tmp_path / "output", out)
+    whole = tmp_path / "whole"
+    _replay(tmp_path / "output", whole)
+    assert list(read_run(whole / "rank_0").texts["config"]) == [1]
+    assert_same_outputs(whole, out)

@@ -71,7 +71,7 @@ from sidecar.analysis.accounting import Accounting, Reason
 from sidecar.analysis.aggregate import CrossRankAggregator, EarlyNotes
 from sidecar.analysis.alerts import Alert, Alerts, LifecycleChange, WatchState
 from sidecar.analysis.detectors import AlertSettings, Group
-from sidecar.analysis.parallel_layout import LayoutNote
+from sidecar.analysis.parallel_layout import LAYOUT_TAG, LayoutNote
 from sidecar.analysis.sequencer import RankSequencer, Verdict
 from sidecar.following.chains import LATE, Chain, Stream, first_record
 from sidecar.following.discovery import Candidate, discover
@@ -821,8 +821,11 @@ class Engine:
                 stats.resumes += 1
                 log.info("rank %d: training went back to step %d; later points replace the old ones",
                          rank_id, record.step)
+                purged = rank.writer.view.watermarks.get(LAYOUT_TAG, -1) >= record.step
                 rank.writer.resume(record.step, record.wall_time,
                                    f"training resumed at step {record.step}; earlier points from this step on were superseded")
+                if purged and (note := self._layouts.get(rank_id)) is not None:
+                    note.purged()  # written again at this step, below
                 self.samples.resume(rank_id, record.step, record.wall_time)
                 if rank.thinner is not None:
                     rank.thinner.resumed(record.step)
@@ -854,7 +857,7 @@ class Engine:
             self.samples.twins(rank_id, record)
             written = rank.writer.write(record)
         else:  # written first: one the run already shows was read before a restart, and alerted on then
-            written = rank.writer.write(record)
+            written = 0 if rank.writer.shows(record) else rank.writer.write(record)  # shows: a copy read again
             self.alerts.observe(rank_id, record, now, compared, seen=not written)
         if written:
             stats.tags.update(record.scalars)

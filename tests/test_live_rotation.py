@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import time
 from logging.handlers import RotatingFileHandler
@@ -19,9 +20,12 @@ import pytest
 from pathlib import Path
 
 from live_helpers import LiveEnv, RankLog, Sidecar, all_written, tb_points, wait_until
+from outputs import assert_same_outputs, read_run
 from sidecar.cli import main
 
 pytest_plugins = ["live_helpers"]
+
+REAL_DP2 = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output"
 
 
 def test_rename_rotation_while_the_writer_keeps_its_fd(live: LiveEnv) -> None:
@@ -326,3 +330,33 @@ def test_more_rollovers_while_stopped_than_backups_kept(live: LiveEnv) -> None:
     assert "went back" not in err, err
     assert f"rank 0: steps {lost[0]}-{lost[-1]} are lost" in err, err
     assert f"not written: {len(lost)} deleted-unread" in err, err
+
+
+def test_a_copytruncate_copy_read_after_a_restart_writes_no_event_again(tmp_path: Path) -> None:
+    """A replay reads the genuine log; logrotate's copytruncate copies it to ``info.log.1`` and the
+    job logs on into the emptied ``info.log``; a second replay (a restart from the checkpoint)
+    reads the copy from its start. Its start-up events (``events/compile``, ``events/training-start``)
+    come before any step of the copy, so the stream would place them at the last step it read;
+    the run holds them already (same tag, timestamp and text) and they are counted as duplicates,
+    not written again at that step: the output is one replay's of the whole log."""
+    genuine = (REAL_DP2 / "log" / "rank_0" / "info.log").read_bytes().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(genuine) if b"print_output_info: { Epoch" in line)
+    before, after = b"".join(genuine[:first + 10]), b"".join(genuine[first + 10:first + 16])
+    log = tmp_path / "output" / "log" / "rank_0" / "info.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(before)
+    out = tmp_path / "tb"
+    replay = ["replay", str(tmp_path / "output"), "--quiet", "--no-aggregate", "--out"]
+    assert main([*replay, str(out)]) == 0
+    shutil.copyfile(log, log.with_name("info.log.1"))
+    with open(log, "r+b") as fh:
+        fh.truncate(0)
+        fh.write(after)
+    assert main([*replay, str(out)]) == 0
+    whole = tmp_path / "whole" / "log" / "rank_0" / "info.log"
+    whole.parent.mkdir(parents=True)
+    whole.write_bytes(before + after)
+    assert main(["replay", str(tmp_path / "whole"), "--quiet", "--no-aggregate", "--out", str(tmp_path / "tb-whole")]) == 0
+    shown = read_run(out / "rank_0").texts
+    assert list(shown["events/compile"]) == [0] and list(shown["events/training-start"]) == [0]
+    assert_same_outputs(tmp_path / "tb-whole", out)

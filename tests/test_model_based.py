@@ -841,7 +841,15 @@ FOUND |= {
         ("append", {"rank": 0, "count": 2}), ("start", {"poll": False}), ("pause", {"seconds": 0.3}), ("sigterm", {}),
         ("start", {"poll": False}), ("rotate_by_copytruncate", {"rank": 0}), ("append", {"rank": 0, "count": 1}),
         ("check", {})],
+    "copytruncate-of-a-read-log-repeats-start-up-events-poll": [
+        ("start", {"poll": True}), ("append", {"rank": 0, "count": 2}), ("pause", {"seconds": 0.5}),
+        ("rotate_by_copytruncate", {"rank": 0}), ("append", {"rank": 0, "count": 1}), ("check", {})],
+    "a-resume-after-the-card-moves-it-in-one-replay": [
+        ("append", {"rank": 0, "count": 20}), ("replay", {}), ("resume", {"rank": 0, "back": 10, "count": 3}),
+        ("replay", {})],
 }
+COPIED = ("new: a copy read again (copytruncate) wrote its start-up events again at a later step (fixed: a text the"
+          " run holds with the line's timestamp is a duplicate, RunWriter.shows)")
 FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": found here, see the names)
     "loss-beyond-float32-replay": "issue 26 item 1 (a value beyond float32 ends the daemon)",
     "loss-2-to-the-128-live": "issue 26 item 1",
@@ -850,14 +858,20 @@ FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": fou
     "torn-line-then-resume": "issue 26 item 5 (a torn line keeps a stale value)",
     "finished-job-paged-as-stalled": "issue 26 item 6 (false stall pages)",
     "crashed-job-paged-as-stalled": "issue 26 item 6",
-    "restart-then-resume-loses-the-config-card": "new: the config card's step is not restored on restart",
-    "resume-to-the-first-step-loses-the-parallel-layout": "new: a resume's START purges parallel-layout for good",
+    "restart-then-resume-loses-the-config-card":
+        "new: after a restart a resume wrote the card at the last step read, the layout never (fixed: a purged card's"
+        " step is forgotten; a resume that purges the layout's step makes it due)",
+    "resume-to-the-first-step-loses-the-parallel-layout":
+        "new: a resume's START purged parallel-layout for good (fixed: it is written again at the resume step)",
     "restart-raises-an-ongoing-divergence-again":
         "issue 26's must-have 'one state model': alert episodes are not checkpointed",
-    "restart-then-copytruncate-repeats-start-up-events": "new: a copy read after a restart repeats its start-up events",
-    "copytruncate-after-a-restart-nothing-unread-poll": "new: a copy read after a restart repeats its start-up events",
-    "copytruncate-of-a-tail-unread-since-a-restart-inotify":
-        "new: a copy read after a restart repeats its start-up events",
+    "restart-then-copytruncate-repeats-start-up-events": COPIED,
+    "copytruncate-after-a-restart-nothing-unread-poll": COPIED,
+    "copytruncate-of-a-tail-unread-since-a-restart-inotify": COPIED,
+    "copytruncate-of-a-read-log-repeats-start-up-events-poll": COPIED,
+    "a-resume-after-the-card-moves-it-in-one-replay":
+        "new: one replay wrote the card at the last segment's first step, a run checkpointed before the resume at"
+        " the first (fixed: the card goes at the first step read after the description changed, RunMetadata.due_step)",
 }
 NEW_RULE_NAMES = {"startup_part", "append_edge", "sigstop_rollovers", "rewrite_in_place", "torn_line", "job_ends",
                   "kill_while_starting"}

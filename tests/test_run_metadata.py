@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from sidecar.cli import main
+from outputs import assert_same_outputs, read_run
 from tb_read import scalars, texts
 from tb_server import tensorboard
 
@@ -178,3 +179,68 @@ def test_a_hash_of_the_start_up_lines_alone_says_it_is_partial_and_what_it_cover
     full = _hash(REAL / "mf1.9-dp2" / "output", tmp_path / "full")  # with worker_N.log's dump
     assert re.fullmatch(r"[0-9a-f]{12}", full)
     assert not texts(tmp_path / "full" / "rank_0")["config"][1].count("*Partial:*")
+
+
+def _resumed_log(tmp_path: Path, steps: int, again: int) -> tuple[Path, bytes, bytes]:
+    """Rank 0 of the dp2 job (its start-up lines, then ``steps`` steps) and the lines of a resume
+    to step 1 without start-up lines (a checkpoint reload): its first ``again`` steps a day later."""
+    lines = (REAL / "mf1.9-dp2" / "output" / "log" / "rank_0" / "info.log").read_bytes().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if b"print_output_info: { Epoch" in line)
+    log = tmp_path / "output" / "log" / "rank_0" / "info.log"
+    log.parent.mkdir(parents=True)
+    resumed = b"".join(lines[first:first + 2 * again]).replace(b"2026-11-29", b"2026-11-30")
+    return log, b"".join(lines[:first + 2 * steps]), resumed
+
+
+def _replay(logs: Path, out: Path) -> None:
+    assert main(["replay", str(logs), "--out", str(out), "--quiet", "--no-aggregate"]) == 0
+
+
+def test_a_resume_to_the_first_step_writes_the_layout_again_at_it(tmp_path: Path) -> None:
+    """The layout is written before step 1; a resume to step 1 purges it with the card: both are
+    written again at the resume step (before, the layout was gone for good)."""
+    log, before, resumed = _resumed_log(tmp_path, steps=10, again=5)
+    log.write_bytes(before + resumed)
+    out = tmp_path / "summary"
+    _replay(tmp_path / "output", out)
+    shown = read_run(out / "rank_0").texts  # as TensorBoard's plugins show texts (tb_read.texts ignores the purge)
+    assert list(shown["config"]) == [1]
+    assert list(shown["parallel-layout"]) == [1]
+    assert {p["world_size"] for p in json.loads(shown["parallel-layout"][1])["parallel"]} == {2}
+
+
+def test_a_restart_then_a_resume_gives_the_card_and_layout_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    """A replay, then (a restart from its checkpoint) the log goes back to step 1: the card, whose
+    step the checkpoint holds, and the layout are written again at step 1, as one replay of the
+    whole log writes them (before: the card at the last step read, the layout not at all)."""
+    log, before, resumed = _resumed_log(tmp_path, steps=10, again=5)
+    log.write_bytes(before)
+    out = tmp_path / "summary"
+    _replay(tmp_path / "output", out)
+    with open(log, "ab") as fh:
+        fh.write(resumed)
+    _replay(tmp_path / "output", out)
+    whole = tmp_path / "whole"
+    _replay(tmp_path / "output", whole)
+    shown = read_run(out / "rank_0").texts
+    assert list(shown["config"]) == [1] and list(shown["parallel-layout"]) == [1]
+    assert_same_outputs(whole, out)
+
+
+def test_a_resume_after_the_card_keeps_it_where_one_replay_puts_it(tmp_path: Path) -> None:
+    """A replay writes the card at step 1; the log then goes back to step 6 (which does not purge
+    it) and a second replay reads on: the card stays at step 1, and one replay of the whole log puts
+    it there too (before, it wrote the card at its end, at the last segment's first step: 6)."""
+    log, before, _ = _resumed_log(tmp_path, steps=10, again=0)
+    lines = before.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if b"print_output_info: { Epoch" in line)
+    log.write_bytes(before)
+    out = tmp_path / "summary"
+    _replay(tmp_path / "output", out)
+    with open(log, "ab") as fh:
+        fh.write(b"".join(lines[first + 10:first + 16]).replace(b"2026-11-29", b"2026-11-30"))  # steps 6-8 again
+    _replay(tmp_path / "output", out)
+    whole = tmp_path / "whole"
+    _replay(tmp_path / "output", whole)
+    assert list(read_run(whole / "rank_0").texts["config"]) == [1]
+    assert_same_outputs(whole, out)

@@ -8,7 +8,9 @@ each rank's run gets a value :data:`LAYOUT_TAG` holding the layout as JSON, in t
 the first training step written after the layout changed: once per run, and again when it
 changes. What a rank's log stated, and whether its run shows it yet, is part of the checkpoint
 (:class:`NoteState`): a restart after the start-up lines does not read them again, and neither
-forgets the layout nor writes it a second time.
+forgets the layout nor writes it a second time. A training resume whose ``SessionLog.START``
+purges the step the layout was written at makes it due again (:meth:`LayoutNote.purged`), so it
+is written at the resume step, as the config card is.
 
 The value is a string tensor like a text, but of a plugin of its own (:data:`LAYOUT_PLUGIN`),
 which TensorBoard does not display: the Text tab lists the tags the README documents.
@@ -82,6 +84,10 @@ class LayoutNote:
         layout = self.layout.with_line(line)
         if layout != self.layout:
             self.layout, self._due = layout, True
+
+    def purged(self) -> None:
+        """A resume's START purged the step the run showed the layout at: write it again."""
+        self._due = self._due or self.layout != ParallelLayout()
 
     def take(self) -> summary_pb2.Summary.Value | None:
         """The value to write before the next training step, if the layout changed."""

@@ -80,9 +80,11 @@ def _identity(event: event_pb2.Event) -> Identity:
     return identity(event.step, event.wall_time, loss)
 
 
-def _events(run_dir: Path, start_name: str = "", start_offset: int = 0) -> Iterator[tuple[Path, int, event_pb2.Event | None]]:
-    """(file, end offset, event) for every whole record from the start position on; each file
-    ends with a ``None`` event at the offset where reading stopped."""
+def _events(run_dir: Path, start_name: str = "", start_offset: int = 0,
+            holding: bytes = b"") -> Iterator[tuple[Path, int, event_pb2.Event | None]]:
+    """(file, end offset, event) for every whole record from the start position on (only those
+    whose bytes hold ``holding``: the others are not decoded); each file ends with a ``None``
+    event at the offset where reading stopped."""
     for path in event_files(run_dir):
         if start_name and path.name < start_name:
             continue
@@ -91,7 +93,8 @@ def _events(run_dir: Path, start_name: str = "", start_offset: int = 0) -> Itera
             try:
                 for record in iter_records(fh, offset):
                     offset = record.end
-                    yield path, offset, event_pb2.Event.FromString(record.payload)
+                    if holding in record.payload:
+                        yield path, offset, event_pb2.Event.FromString(record.payload)
             except CorruptRecord:
                 pass  # TensorBoard stops reading a file here too
         yield path, offset, None
@@ -120,6 +123,18 @@ def _current_names(watermarks: dict[str, int]) -> dict[str, int]:
         name = tag.removesuffix(LEGACY_TEXT_SUFFIX)
         out[name] = max(step, out.get(name, -1))
     return out
+
+
+TextIdentity = tuple[str, float, bytes]  # tag (as written today), wall time (the line's timestamp), text
+
+
+def run_texts(run_dir: Path) -> set[TextIdentity]:
+    """The identity of every text any event file of the run holds (shown or superseded). Only
+    events that name the text plugin are decoded: a run is mostly scalars."""
+    return {(_written_tag(value), event.wall_time, value.tensor.string_val[0])
+            for _, _, event in _events(run_dir, holding=TEXT_PLUGIN.encode()) if event is not None
+            for value in event.summary.value
+            if value.metadata.plugin_data.plugin_name == TEXT_PLUGIN and value.tensor.string_val}
 
 
 def run_holds(run_dir: Path, key: Identity) -> bool:

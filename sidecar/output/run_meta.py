@@ -3,7 +3,9 @@
 What a run was (:mod:`parsers.run_config`) is written once per run, and again when it changes
 (a new job or attempt in the same directory prints its start-up lines again):
 
-- a text event ``config`` (a markdown table) at the first training step of the run's segment;
+- a text event ``config`` (a markdown table) at the first training step read after the description
+  changed (for the start-up lines: the run's first step), wherever a checkpoint falls: a replay,
+  which writes it at its end, and a live run, which writes it at a checkpoint, place it alike;
 - the HParams plugin's session summaries (as tensorboardX's ``summary.hparams`` makes them): hparams = the
   flattened settings. No experiment summary: without one TensorBoard builds the experiment from
   every run's session, so the columns are the union of all runs' settings, each marked whether
@@ -24,7 +26,7 @@ values in it do not enter the hash).
 
 A training resume writes a ``SessionLog.START`` that purges every tag's points from the resume
 step on, the card and HParams data too if they were written there; they are written again at
-the resume step then.
+the resume step then (also when the card's step came back from the checkpoint).
 
 Across restarts: what a rank's metadata holds (the configuration read so far, so also the global
 batch size and world size the batch-derived tags need, and where its segment and card are) is
@@ -76,6 +78,7 @@ class _RankMeta:
     dirty: bool = False
     written: dict[str, Value] | None = None  # the settings last written
     card_step: int | None = None
+    due_step: int | None = None  # where the card goes: the first training step since the description changed
     segment_step: int | None = None  # first training step of the current segment
     segment_wall: float | None = None
     last_step: int | None = None
@@ -92,6 +95,7 @@ class MetaState(BaseModel):
     job_dump: bool = False
     dirty: bool = False
     card_step: int | None = None
+    due_step: int | None = None
     segment_step: int | None = None
     segment_wall: float | None = None
     last_step: int | None = None
@@ -158,7 +162,7 @@ class RunMetadata:
             str(rank): MetaState(
                 config=json.dumps(asdict(meta.config), default=str, ensure_ascii=False),
                 job_dump=meta.config.dump is not None and meta.config.dump is self._job_dump,
-                dirty=meta.dirty, card_step=meta.card_step, segment_step=meta.segment_step,
+                dirty=meta.dirty, card_step=meta.card_step, due_step=meta.due_step, segment_step=meta.segment_step,
                 segment_wall=meta.segment_wall, last_step=meta.last_step)
             for rank, meta in self._ranks.items() if ranks is None or rank in ranks
         }
@@ -171,7 +175,8 @@ class RunMetadata:
         written = _load(run_dir).get("settings")
         self._ranks[rank] = _RankMeta(
             config=config, dirty=state.dirty, written=written if isinstance(written, dict) else None,
-            card_step=state.card_step, segment_step=state.segment_step, segment_wall=state.segment_wall,
+            card_step=state.card_step, due_step=state.due_step, segment_step=state.segment_step,
+            segment_wall=state.segment_wall,
             last_step=state.last_step)
         if state.job_dump:
             self._job_dump = config.dump
@@ -203,9 +208,13 @@ class RunMetadata:
             if meta.card_step is not None and meta.card_step >= record.step:
                 meta.written = None  # the START marker purged the card
                 meta.dirty = True
+            if meta.due_step is not None and meta.due_step >= record.step:
+                meta.due_step = None  # its place was purged too: the resume step
             meta.segment_step = None
         if meta.segment_step is None:
             meta.segment_step, meta.segment_wall = record.step, record.wall_time
+        if meta.dirty and meta.due_step is None:
+            meta.due_step = record.step
         meta.last_step = record.step
 
     def write_due(self, writers: dict[int, RunWriter]) -> None:
@@ -215,6 +224,7 @@ class RunMetadata:
             if not meta.dirty or meta.segment_step is None or writer is None:
                 continue
             meta.dirty = False
+            due, meta.due_step = meta.due_step, None
             config = self.config(rank)
             values = self._settings(rank)
             if values == meta.written or not any(v is not None for v in values.values()):
@@ -223,8 +233,7 @@ class RunMetadata:
             if meta.written is None and meta.card_step is None and _load(writer.run_dir).get("settings") == values:
                 meta.written = values  # a restart that read the start-up lines again
                 continue
-            step = meta.segment_step if meta.card_step is None or meta.card_step < meta.segment_step else meta.last_step
-            step = max(step, writer.view.watermarks.get(CONFIG_TAG, -1) + 1)
+            step = max(due if due is not None else meta.last_step, writer.view.watermarks.get(CONFIG_TAG, -1) + 1)
             wall = meta.segment_wall if meta.segment_wall is not None else 0.0
             writer.write_values(step, wall, [text_value(CONFIG_TAG, markdown(values, digest)), *_hparams_values(values)])
             _write_json(writer.run_dir, {"config_hash": digest, "run": config.facts(), "settings": values})

@@ -33,7 +33,7 @@ from parsers.records import Record
 from sidecar.analysis.sequencer import Identity
 from sidecar.output import scalar_event
 from sidecar.output.event_file import EventFileWriter, OutputLost, vanished
-from sidecar.output.event_scan import TEXT_PLUGIN, RunView, run_holds, scan_run
+from sidecar.output.event_scan import TEXT_PLUGIN, RunView, TextIdentity, run_holds, run_texts, scan_run
 
 RESUME_TAG = "events/resume"
 
@@ -48,6 +48,7 @@ class RunWriter:
         self._start_step: int | None = None
         self.points_written = 0
         self.lost: str | None = None  # what vanished, once noticed
+        self._texts: set[TextIdentity] | None = None  # every text the run holds, once asked (shows)
 
     @property
     def max_step(self) -> int:
@@ -76,6 +77,9 @@ class RunWriter:
             event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=fresh))
             self._ensure_file(wall_time).write(event)
             self._mark([v.tag for v in fresh], step)
+            if self._texts is not None:
+                self._texts.update((v.tag, wall_time, v.tensor.string_val[0]) for v in fresh
+                                   if v.metadata.plugin_data.plugin_name == TEXT_PLUGIN and v.tensor.string_val)
         return len(fresh)
 
     def _new(self, tag: str, step: int) -> bool:
@@ -92,6 +96,19 @@ class RunWriter:
         """Does the run hold a point with this identity? (Reads the whole run: rarely asked.)"""
         self.flush()
         return run_holds(self.run_dir, key)
+
+    def shows(self, record: Record) -> bool:
+        """Does the run hold one of ``record``'s texts with its timestamp (shown or superseded)?
+        Then the record is a copy read again: a ``copytruncate`` copy of lines read before, whose
+        step (the last training step the stream read) says nothing, since it is the copy's
+        position that is old. Asked of timestamped records only; the first question reads the
+        whole run, later ones are answered from memory."""
+        if record.wall_time is None or not record.texts:
+            return False
+        if self._texts is None:
+            self.flush()
+            self._texts = run_texts(self.run_dir)
+        return any((tag, record.wall_time, text.encode("utf-8")) in self._texts for tag, text in record.texts.items())
 
     def resume(self, step: int, wall_time: float | None, note: str) -> None:
         """Training went back to ``step``: start a new segment that supersedes steps >= step."""

@@ -353,7 +353,8 @@ class Engine:
 
     def input_ended(self) -> bool:
         """Standard input is the input and was read to its end (the live run ends with it)."""
-        return any(isinstance(s.tail, StreamTail) and s.tail.eof and not s.unprocessed() for s in self.sources.values())
+        return any(isinstance(s.tail, StreamTail) and s.tail.eof and not s.unprocessed()
+                   for s in self.sources.values())
 
     def _place_files(self, added: set[Source]) -> None:
         """Each chain's reading order, from this scan's (consistent) backup numbers.

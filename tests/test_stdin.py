@@ -45,8 +45,8 @@ def tail_f_stream() -> bytes:
 
 
 def sidecar(out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sidecar.cli", "--watch", "-", "--out", str(out), "--instance", "n",
-                             "--status-interval", "0", *args],
+    return subprocess.Popen([sys.executable, "-m", "sidecar.cli", "--watch", "-", "--out", str(out),
+                             "--instance", "n", "--status-interval", "0", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

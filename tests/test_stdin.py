@@ -11,10 +11,12 @@ nothing.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,19 +46,40 @@ def tail_f_stream() -> bytes:
     return b"".join(out)
 
 
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_sidecar_left() -> Iterator[None]:
+    """A test that failed midway leaves no sidecar behind (the old code waits for ``-`` forever)."""
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def sidecar(out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sidecar.cli", "--watch", "-", "--out", str(out),
-                             "--instance", "n", "--status-interval", "0", *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _started.append(proc := subprocess.Popen([sys.executable, "-m", "sidecar.cli", "--watch", "-", "--out", str(out),
+                                              "--instance", "n", "--status-interval", "0", *args],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return proc
 
 
 def feed(proc: subprocess.Popen, data: bytes, pieces: int = 40) -> None:
-    """``data`` in ``pieces`` writes, cut anywhere (mid-line too), as a trainer's output comes."""
+    """``data`` in ``pieces`` writes, cut anywhere (mid-line too), as a trainer's output comes; a
+    sidecar that does not read its standard input fails this rather than hanging the test."""
     assert proc.stdin is not None
+    fd = proc.stdin.fileno()
+    os.set_blocking(fd, False)
     size = -(-len(data) // pieces)
     for start in range(0, len(data), size):
-        proc.stdin.write(data[start: start + size])
-        proc.stdin.flush()
+        piece = memoryview(data)[start: start + size]
+        deadline = time.monotonic() + 30
+        while piece:
+            assert select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1], "standard input is not read"
+            piece = piece[os.write(fd, piece):]
         time.sleep(0.02)
 
 

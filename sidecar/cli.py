@@ -93,7 +93,8 @@ def _watch_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--watch", dest="paths", type=Path, nargs="+", metavar="PATH",
-                        help="directories (e.g. output/log, output/) or log files to follow")
+                        help="directories (e.g. output/log, output/) or log files to follow; '-': standard input "
+                        "(e.g. kubectl logs -f POD | mstb-sidecar --watch - ...), read until it ends")
     _common(parser)
     parser.add_argument("--poll", action="store_true", default=None,
                         help="poll only, no inotify (automatic on NFS and other network filesystems)")
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imported once the arguments parse: ``--help`` and a usage error need none of it (pydantic,
     # and through the lock's state file the aggregate and TensorBoard's protos).
     from sidecar.output.lock import LockError, hold
-    from sidecar.service.config import ConfigError, check_paths, load_config, prepare_out
+    from sidecar.service.config import ConfigError, check_paths, check_stream, load_config, prepare_out
     from sidecar.service.logsetup import setup_logging
 
     config_file = ns.pop("config")
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(config.quiet, config.verbose, config.log_format)
         if command in ("replay", "check"):  # live mode waits for paths that do not exist yet
             check_paths(config)
+        elif command == "watch":
+            check_stream(config)
         if command == "check":
             from sidecar.service.check import run_check
 

@@ -75,7 +75,7 @@ from sidecar.analysis.parallel_layout import LAYOUT_TAG, LayoutNote
 from sidecar.analysis.sequencer import RankSequencer, Verdict
 from sidecar.following.chains import LATE, Chain, Stream, first_record
 from sidecar.following.discovery import Candidate, discover
-from sidecar.following.tailer import BINARY, FileTail, Identity
+from sidecar.following.tailer import BINARY, STDIN, STDIN_NAME, FileTail, Identity, StreamTail
 from sidecar.mindspore.ms_follow import SummaryFollower
 from sidecar.output import run_names
 from sidecar.output.event_scan import RunView
@@ -326,7 +326,35 @@ class Engine:
             source.candidate = candidate
             source.unseen_since = None
         self.accounting.directories(unlisted, self.settings.default_rank)
+        if STDIN in self.settings.roots:
+            self._follow_stdin(added)
         return changed or any(s.unseen_since == now for s in self.sources.values())
+
+    def _follow_stdin(self, added: list[Source]) -> None:
+        """``--watch -``: standard input, one source for the life of the process (it cannot be
+        opened again), its rank from its lines' labels or ``--rank``. Its chain ``<stdin>`` is not
+        checkpointed: a restart reads a stream that starts over (``kubectl logs -f`` from the pod's
+        first line) or goes on from now, and either way the steps it brings are judged afresh
+        (the sequencer's identity check drops what the runs hold); the facts its lines stated
+        (run metadata, layout) come back."""
+        source = next((s for s in self.sources.values() if s.tail.stream), None)
+        if source is None:
+            try:
+                tail = StreamTail(0, self.settings.max_line)
+            except OSError as exc:  # no standard input at all (closed)
+                self.accounting.unreadable(STDIN_NAME, self.settings.default_rank, exc)
+                return
+            candidate = Candidate(STDIN_NAME, self.settings.default_rank, str(STDIN_NAME), 0)
+            source = self.sources[tail.identity] = self._open_source(candidate, tail)
+            added.append(source)
+            if self.cross is not None:  # no path names its ranks: those it brought before are expected
+                self.cross.expected.update(int(rank) for rank in self._restored.runs)
+        source.unseen_since = None
+
+    def input_ended(self) -> bool:
+        """Standard input is the input and was read to its end (the live run ends with it)."""
+        return any(isinstance(s.tail, StreamTail) and s.tail.eof and not s.unprocessed()
+                   for s in self.sources.values())
 
     def _place_files(self, added: set[Source]) -> None:
         """Each chain's reading order, from this scan's (consistent) backup numbers.
@@ -370,7 +398,7 @@ class Engine:
         for key, members in sorted(unordered.items()):
             chain = self.chains[key]
             first = None
-            if not self._pumped:
+            if not self._pumped and not members[0].tail.stream:
                 paths = [s.tail.path for s in sorted(members, key=lambda s: -s.candidate.backup)]
                 startup: dict[int, list[dict[str, object]]] = {}
                 first = first_record(paths, members[0].candidate.rank, self.settings.rank_pattern, startup)
@@ -389,6 +417,8 @@ class Engine:
         delete + recreate, so steps written to the new file wait for no rescan interval.
         """
         for source in self.sources.values():
+            if source.tail.stream:
+                continue
             try:
                 identity = Identity.of(os.stat(source.tail.path))
             except OSError:
@@ -988,6 +1018,8 @@ class Engine:
             if mine is None or int(key) in mine:
                 state.facts.setdefault(key, facts)
         for chain in self.chains.values():
+            if chain.key == str(STDIN_NAME):  # a stream is not read again: after a restart its steps begin anew
+                continue
             state.chains[chain.key] = {
                 str(rank): StreamState(assembler=s.assembler.snapshot(), prev_step=s.cursor.prev_step, live=s.cursor.live)
                 for rank, s in chain.streams.items()
@@ -1017,6 +1049,8 @@ class Engine:
 
     def _file_state(self, source: Source) -> FileState | None:
         tail = source.tail
+        if tail.stream:  # cannot be read again: only its chain's state is kept
+            return None
         offset = source.safe_offset()
         held = offset != tail.offset
         saved_offset, tail.offset = tail.offset, offset

@@ -35,6 +35,12 @@ Polling (no file events) a thousand files that do not grow would ``fstat`` each 
 poll; with :attr:`FileTail.backoff` set, a file that has not grown for :data:`QUIET_AFTER` seconds
 is looked at again only after a wait that doubles from :data:`QUIET_START` up to ``backoff``
 seconds, and is back to every read as soon as it grows.
+
+A stream (``--watch -``, standard input: a pipe from ``kubectl logs -f`` or ``tee``) is read by
+:class:`StreamTail`, with the same line splitting, long-line skipping and binary check. It cannot
+be re-read, so none of the identity checks apply and it is never checkpointed as a file: its
+offset counts the bytes taken since this process started, and a restart goes on with what
+arrives (the sequencer drops records the runs already hold).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import errno
 import hashlib
 import os
 import re
+import select
 import time
 from dataclasses import dataclass
 from itertools import accumulate
@@ -107,8 +114,14 @@ def marker_start(before: bytes) -> int:
     return 0
 
 
+STDIN = Path("-")  # the --watch path that means standard input
+STDIN_NAME = Path("<stdin>")  # its name in messages, and its rotation chain
+
+
 class FileTail:
     """Reads complete lines from one file; see the module docstring for the contract."""
+
+    stream = False  # a StreamTail: no file behind it
 
     def __init__(self, path: Path, fd: int, max_line: int = 1 << 20) -> None:
         self.path = path
@@ -225,6 +238,17 @@ class FileTail:
         data = self._read_checked(fd, max(budget, self.max_line + 1), size)
         base = self.offset
         self.starved = base + len(data) < size
+        lines, pos = self._take(data, base)
+        if len(self._head) < HEAD_BYTES:
+            self._head += data[: min(pos, HEAD_BYTES - len(self._head))]
+        if pos:
+            before = (self._before + data[max(0, pos - MARKER_MAX) : pos])[-MARKER_MAX:]
+            self._before = before[marker_start(before):]
+        return lines
+
+    def _take(self, data: bytes, base: int) -> tuple[list[tuple[int, bytes]], int]:
+        """The complete lines of ``data`` (read at ``base``) and the position after the last one;
+        moves :attr:`offset` and :attr:`bytes_read` past them."""
         if base == 0:
             self.binary = looks_binary(data)
         if self.binary:
@@ -235,12 +259,7 @@ class FileTail:
             lines, pos = self._scan(data, base)
         self.offset = base + pos
         self.bytes_read += pos
-        if len(self._head) < HEAD_BYTES:
-            self._head += data[: min(pos, HEAD_BYTES - len(self._head))]
-        if pos:
-            before = (self._before + data[max(0, pos - MARKER_MAX) : pos])[-MARKER_MAX:]
-            self._before = before[marker_start(before):]
-        return lines
+        return lines, pos
 
     def _split(self, data: bytes, base: int) -> list[tuple[int, bytes]] | None:
         """The common case in C: no line over ``max_line``, no NUL filler, no line being skipped.
@@ -325,3 +344,45 @@ class FileTail:
         if self._fd is None:
             raise OSError(errno.EBADF, f"{self.path} is no longer followed")
         return self._fd
+
+
+class StreamTail(FileTail):
+    """Complete lines from a stream (standard input), never blocking: a ``poll`` says whether
+    bytes wait, and what follows the last newline is kept for the next read. :attr:`eof`: the
+    writer closed it. The descriptor belongs to the process; :meth:`close` leaves it open, so a
+    new engine (after output was deleted) goes on reading it."""
+
+    stream = True
+
+    def __init__(self, fd: int = 0, max_line: int = 1 << 20) -> None:
+        super().__init__(STDIN_NAME, fd, max_line)
+        self.identity = Identity(-1, fd)  # no file's: never taken for a checkpointed file
+        self.eof = False
+        self._rest = b""  # read after the last complete line
+        self._ready = select.poll()
+        self._ready.register(fd, select.POLLIN)
+
+    def read(self, budget: int) -> list[tuple[int, bytes]]:
+        fd = self._open()
+        data, limit = self._rest, max(budget, self.max_line + 1)
+        while not self.eof and len(data) < limit and self._ready.poll(0):
+            chunk = os.read(fd, limit - len(data))
+            self.eof = not chunk
+            data += chunk
+        self.starved = len(data) >= limit
+        lines, pos = self._take(data, self.offset)
+        self._rest = data[pos:]
+        self.size = self.offset + len(self._rest)
+        return lines
+
+    def start_at_end(self) -> None:
+        """Nothing to skip: what a stream holds is what arrives from now on."""
+
+    def drained(self) -> bool:
+        return not self.skipping and not self._rest
+
+    def unread(self) -> int:
+        return len(self._rest)
+
+    def close(self) -> None:
+        self._fd = None

@@ -34,6 +34,10 @@ the next wake-up, at worst the loop's reconcile interval.
 A ``--watch`` path that does not exist yet (the sidecar starts before the job) is a gone root
 from the start: it is awaited the same way, and taken for a directory until it appears (a file
 named on the command line is then watched through the directory that holds it).
+
+``--watch -`` (standard input) is no directory to watch: bytes waiting on descriptor 0 wake the
+loop as a file event does (the same :data:`COALESCE` and read interval), and with no other path
+nothing is watched.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from pathlib import Path
 from inotify_simple import INotify, flags, parse_events
 
 from sidecar.following.discovery import linked_dirs
+from sidecar.following.tailer import STDIN
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +204,8 @@ class WakeUp:
         self.interval = interval
         self._returned = float("-inf")  # when wait() last returned: the loop read then
         self.structure_changed = False
-        self._paths, self._out = roots, out.resolve()
-        self._missing = [r for r in roots if not r.exists()]
+        self._paths, self._out = [r for r in roots if r != STDIN], out.resolve()
+        self._missing = [r for r in self._paths if not r.exists()]
         self.roots = self._roots()
         self._inotify: _Inotify | None = None
         self._armed: dict[tuple[Path, bool], tuple[int, int] | None] = {}
@@ -208,10 +213,16 @@ class WakeUp:
         self._poller, self._bell = select.poll(), select.poll()
         self._poller.register(self.event.read_fd, select.POLLIN)
         self._bell.register(self.event.read_fd, select.POLLIN)
+        self._stdin = STDIN in roots
+        if self._stdin:
+            self._poller.register(0, select.POLLIN)
         self.mode = "poll"
+        if not self._paths:
+            self.mode = "standard input"
+            return
         if poll_only:
             return
-        network = sorted({t for r in roots if (t := filesystem_type(r)) in NETWORK_FS})
+        network = sorted({t for r in self._paths if (t := filesystem_type(r)) in NETWORK_FS})
         if network:
             log.info("polling only: %s does not deliver file events from other hosts", ", ".join(network))
             return
@@ -297,12 +308,13 @@ class WakeUp:
             ready = {fd for fd, _ in self._poller.poll(max(0.0, deadline - time.monotonic()) * 1000)}
             if self.event.read_fd in ready and self.event.take():
                 return
-            if self._inotify is not None and self._inotify.fd in ready:
+            written = self._inotify is not None and self._inotify.fd in ready
+            if written or self._stdin and 0 in ready:
                 # the rest of the burst, and what comes until the next read is due: all read in one round
                 pause = max(COALESCE, min(self._returned + self.interval, deadline) - time.monotonic())
                 if self._bell.poll(pause * 1000) and self.event.take():  # a signal does not wait for it
                     return
-                if self._take_events():
+                if not written or self._take_events():
                     return
             if not ready or time.monotonic() >= deadline:
                 return

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from parsers.custom_metrics import CustomMetric, MetricList
 from sidecar.analysis.detectors import AlertSettings, Group
+from sidecar.following.tailer import STDIN
 from sidecar.output import run_names
 
 
@@ -241,9 +242,20 @@ def _describe(err: dict, written: dict[str, str], config_file: Path | None, raw:
     return f"{option}: {msg}"
 
 
+def check_stream(config: SidecarConfig) -> None:
+    """``--watch -`` (standard input) is the only path: its end ends the run, which files
+    followed beside it would not."""
+    if STDIN in config.paths and len(config.paths) > 1:
+        raise ConfigError("--watch -: standard input is the only path when given (it ends the run at its end); "
+                          "follow files with another sidecar (another --instance)")
+
+
 def check_paths(config: SidecarConfig) -> None:
     """Replay and check read what is there now: a path that does not exist (or cannot be read)
     is a mistake to report at once. The live daemon waits for missing paths instead."""
+    if STDIN in config.paths:
+        raise ConfigError("- (standard input) is read live only: mstb-sidecar --watch - --out DIR reads it "
+                          "and exits 0 at its end")
     for path in config.paths:
         try:
             is_dir = path.is_dir()

@@ -26,7 +26,12 @@ A ``--watch`` path that does not exist yet is waited for (:class:`sidecar.servic
 sidecar is READY at once, so a training unit ordered after it can start and create it.
 
 SIGTERM/SIGINT: drain what is readable (bounded by ``drain_timeout``), checkpoint, push the last
-values (``--remote-write``, bounded by ``drain_timeout`` too), exit 0.
+values (``--remote-write``, bounded by ``drain_timeout`` too), exit 0. The end of standard input
+(``--watch -``) stops it the same way. Stopped either way, a stream's held records are released
+(:meth:`Engine.drain`: what was read of it is never read again, and a cut last line is counted
+malformed); the aggregate's steps that still wait for a rank stay in the checkpoint, not written
+without it: a stream that broke mid-job (``kubectl logs -f`` losing its connection) and is fed
+again after a restart completes them.
 SIGUSR1: log the status line now. SIGHUP: rescan now. Open files are kept: they are followed by
 identity, and a renamed-away or deleted file that still has unread bytes can only be read
 through its open descriptor.
@@ -52,7 +57,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from sidecar.engine import Engine, Settings
-from sidecar.following.tailer import QUIET_AFTER
+from sidecar.following.tailer import QUIET_AFTER, STDIN
 from sidecar.following.wakeup import WakeUp
 from sidecar.output.event_file import OutputLost
 from sidecar.output.lock import hold
@@ -139,6 +144,8 @@ def run_daemon(config: SidecarConfig) -> int:
                 _loop(engine, config, notifier, wake, signals, waiting, pusher)
                 notifier.stopping()
                 _drain(engine, config.drain_timeout)
+                if STDIN in config.paths:  # what was read of a stream is never read again: release it
+                    engine.drain()
                 engine.checkpoint()
                 if pusher is not None:
                     pusher.close(config.drain_timeout)  # the last values, drained, as the checkpoint has them
@@ -218,6 +225,9 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
     stale = True  # systemd's STATUS= does not show the latest step yet
     quiet, last_read = 0, time.monotonic()  # rounds since the loop went quiet, and when it was not
     while not signals.stop:
+        if engine.input_ended():
+            log.info("standard input ended; stopping")
+            break
         now = time.monotonic()
         if signals.reload:
             signals.reload = False

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from parsers.lifecycle import Lifecycle
 from sidecar.analysis.aggregate import rank_ranges
 from sidecar.engine import Engine
-from sidecar.following.tailer import Identity
+from sidecar.following.tailer import STDIN, Identity
 
 if TYPE_CHECKING:
     from sidecar.service.remote_write import RemoteWrite
@@ -81,7 +81,7 @@ class Waiting:
     ``grace`` seconds (a typo in the path looks just like a job that has not started)."""
 
     def __init__(self, paths: list[Path], grace: float) -> None:
-        self.missing = [p for p in paths if not p.exists()]
+        self.missing = [p for p in paths if p != STDIN and not p.exists()]
         self._grace = grace
         self._since = time.monotonic()
         self._warned = False

@@ -146,10 +146,12 @@ def test_live_binary_file_is_named_once_and_leaves_no_lag(tmp_path: Path, lines:
         wait_until(lambda: loss_steps(tmp_path / "out" / "rank_0") == 16, 30, "rank 0")
         with open(binary, "ab") as fh:
             fh.write(junk * 2)
-        status = "following 2 file(s), 1 rank(s), last step 16 (rank 0), lag 0 bytes, not written: 1 unreadable"
+        status = ("following 2 file(s), 1 rank(s), last step 16 (rank 0), training finished (rank 0), lag 0 bytes, "
+                  "not written: 1 unreadable")
         wait_until(lambda: sidecar.stderr().count(status) >= 2, 10, "two status lines after the append")
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert 'mstb_sidecar_records_not_written_total{rank="1",reason="unreadable"} 1.0' in metrics, metrics
+        assert re.search(r'^mstb_sidecar_records_not_written_total\{rank="1",reason="unreadable",training_job="[^"]+"\} 1\.0$',
+                         metrics, re.M), metrics
         assert sidecar.stop()[0] == 0
     finally:
         sidecar.cleanup()

@@ -813,6 +813,7 @@ class Engine:
             self.meta.restore(rank, self.settings.out / name)
             since = RunView(dict(run.watermarks), run.file, run.size) if run else None
             entry = self.ranks[rank] = Rank(self.settings.out / name, name, since, self.settings)
+            self.meta.shown(rank, entry.writer.view.watermarks)
             self.stats[rank] = entry.stats
         return entry
 

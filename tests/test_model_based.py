@@ -847,6 +847,15 @@ FOUND |= {
     "a-resume-after-the-card-moves-it-in-one-replay": [
         ("append", {"rank": 0, "count": 20}), ("replay", {}), ("resume", {"rank": 0, "back": 10, "count": 3}),
         ("replay", {})],
+    "kill-after-a-resume-start-loses-the-config-card": [
+        ("resume", {"back": 33, "count": 13, "rank": 0}), ("resume", {"back": 10, "count": 1, "rank": 1}),
+        ("resume", {"back": 23, "count": 3, "rank": 1}), ("start", {"poll": False}), ("sigkill", {}),
+        ("resume", {"back": 31, "count": 24, "rank": 1}), ("start", {"poll": True}),
+        ("resume", {"back": 17, "count": 4, "rank": 1}), ("pause", {"seconds": 0.02}),
+        ("resume", {"back": 1, "count": 6, "rank": 1}), ("resume", {"back": 34, "count": 25, "rank": 0}),
+        ("resume", {"back": 7, "count": 11, "rank": 1}), ("sigkill", {}), ("start", {"poll": False}),
+        ("resume", {"back": 39, "count": 11, "rank": 0}), ("resume", {"back": 29, "count": 12, "rank": 1}),
+        ("pause", {"seconds": 0.3}), ("sigkill", {}), ("start", {"poll": True}), ("sigkill", {})],
 }
 COPIED = ("new: a copy read again (copytruncate) wrote its start-up events again at a later step (fixed: a text the"
           " run holds with the line's timestamp is a duplicate, RunWriter.shows)")
@@ -872,6 +881,10 @@ FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": fou
     "a-resume-after-the-card-moves-it-in-one-replay":
         "new: one replay wrote the card at the last segment's first step, a run checkpointed before the resume at"
         " the first (fixed: the card goes at the first step read after the description changed, RunMetadata.due_step)",
+    "kill-after-a-resume-start-loses-the-config-card":
+        "new: a SIGKILL after a resume's START reached the run, before a checkpoint: the restart read that resume"
+        " again as a copy and its checkpoint said the card was written (fixed: a run opened without the card at the"
+        " step the checkpoint holds makes it due, RunMetadata.shown)",
 }
 NEW_RULE_NAMES = {"startup_part", "append_edge", "sigstop_rollovers", "rewrite_in_place", "torn_line", "job_ends",
                   "kill_while_starting"}

@@ -13,6 +13,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+from live_helpers import LiveEnv, tb_points, tb_text_steps, wait_until
 from sidecar.cli import main
 from outputs import assert_same_outputs, read_run
 from tb_read import scalars, texts
@@ -23,6 +24,8 @@ LAUNCHED = REAL / "mf1.9-dp2" / "tiny_llama.yaml"  # the recipe's yaml as it was
 # What mindformers itself rewrites between the yaml and its pprint dump (base_trainer, check_runner_config).
 REWRITTEN = {"lr_schedule.total_steps": 200, "runner_config.sink_size": -1,
              "tensorboard.tensorboard_dir": "./output/tensorboard/rank_0"}
+pytest_plugins = ["live_helpers"]
+
 NOT_IN_DUMP = {"model.model_config.checkpoint_name_or_path"}  # popped when the model is built
 
 
@@ -244,3 +247,47 @@ def test_a_resume_after_the_card_keeps_it_where_one_replay_puts_it(tmp_path: Pat
     _replay(tmp_path / "output", whole)
     assert list(read_run(whole / "rank_0").texts["config"]) == [1]
     assert_same_outputs(whole, out)
+
+
+@pytest.mark.parametrize("wake_mode", ["inotify"])
+def test_a_kill_after_a_resume_marker_before_its_checkpoint_writes_the_card_again(live: LiveEnv,
+                                                                                  tmp_path: Path) -> None:
+    """A live sidecar writes the card at step 1 and stops; a restart (no checkpoint for ten minutes)
+    reads a resume to step 1, whose START purges the card, and is killed before checkpointing it.
+    The next restart reads that resume again as a copy, so only its run shows the purge: the card
+    is written again at step 1, as one replay puts it (before, the checkpoint said it was written,
+    and the run never showed it again)."""
+    log, before, resumed = _resumed_log(tmp_path, steps=10, again=5)
+    last = len(b"".join(before.splitlines(keepends=True)[-2:]))  # step 10: its head and bar lines
+    log.write_bytes(before[:-last])
+    run = live.out / "rank_0"
+    first = live.sidecar().start()
+    wait_until(lambda: tb_text_steps(run, "config") == [1], 20, "the card at step 1")
+    assert first.stop()[0] == 0
+    second = live.sidecar("--checkpoint-interval", "600").start()
+    with open(log, "ab") as fh:
+        fh.write(before[-last:])
+    wait_until(lambda: _held(live) == len(before), 20, "the first read checkpointed (the next is 600 s away)")
+    with open(log, "ab") as fh:
+        fh.write(resumed)
+    wait_until(lambda: [s for s, _ in tb_points(run)] == [1, 2, 3, 4, 5], 20, "the resumed steps on disk")
+    second.kill()
+    assert tb_text_steps(run, "config") == []  # the resume's START purged it, and no checkpoint saw that
+    assert _held(live) == len(before)
+    third = live.sidecar().start()
+    wait_until(lambda: tb_text_steps(run, "config") == [1], 20, "the card written again at step 1")
+    assert third.stop()[0] == 0
+    assert "Traceback" not in third.stderr()
+    whole = tmp_path / "whole"
+    assert main(["replay", str(live.output), "--out", str(whole), "--quiet", "--instance", "test"]) == 0
+    shown = read_run(run).texts
+    assert list(shown["config"]) == [1] and list(shown["parallel-layout"]) == [1]
+    assert_same_outputs(whole, live.out)
+
+
+def _held(live: LiveEnv) -> int:
+    """How far the checkpoint says the one log was read (-1 before there is one)."""
+    try:
+        return int(json.loads(live.state_file().read_text())["files"][0]["offset"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return -1

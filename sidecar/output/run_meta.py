@@ -26,7 +26,10 @@ values in it do not enter the hash).
 
 A training resume writes a ``SessionLog.START`` that purges every tag's points from the resume
 step on, the card and HParams data too if they were written there; they are written again at
-the resume step then (also when the card's step came back from the checkpoint).
+the resume step then (also when the card's step came back from the checkpoint). A START that
+reached the run after the last checkpoint is read again after a restart as a copy, which says
+nothing of the purge: so when a rank's run is opened, a card it no longer shows at the step the
+checkpoint holds is due again (:meth:`RunMetadata.shown`; the HParams data go with it).
 
 Across restarts: what a rank's metadata holds (the configuration read so far, so also the global
 batch size and world size the batch-derived tags need, and where its segment and card are) is
@@ -200,6 +203,15 @@ class RunMetadata:
         meta.written = content["settings"]
         facts = meta.config.facts()
         meta.batch = (facts["global_batch_size"], facts["world_size"])
+
+    def shown(self, rank: int, watermarks: dict[str, int]) -> None:
+        """``rank``'s run is open and shows ``watermarks`` (the START purge applied): a card the
+        checkpoint says is at a step the run no longer shows is due again. A START written after
+        the last checkpoint purged it, and the restart reads that resume again as a copy."""
+        meta = self._ranks.get(rank)
+        if meta is not None and meta.card_step is not None and watermarks.get(CONFIG_TAG, -1) < meta.card_step:
+            meta.written = None
+            meta.dirty = True
 
     def stepped(self, rank: int, record: Record, resumed: bool) -> None:
         """A training step of ``rank`` was written (after its resume marker, if ``resumed``)."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorboard.backend.event_processing import event_accumulator, plugin_event_accumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 RUN_JSON = "run.json"
@@ -74,6 +75,19 @@ def read_run(run_dir: Path) -> RunOutput:
     if meta.exists():
         run.run_json = json.loads(meta.read_text(encoding="utf-8"))
     return run
+
+
+def newest_layout(run_dir: Path) -> layout_pb2.Layout:
+    """The Custom Scalars layout TensorBoard charts for the run (its newest), parsed (the text
+    :func:`read_run` gives is decoded lossily); empty if it has none."""
+    if not run_dir.is_dir():
+        return layout_pb2.Layout()
+    plugins = plugin_event_accumulator.EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    plugins.Reload()
+    if LAYOUT_TAG not in plugins.Tags()["tensors"]:
+        return layout_pb2.Layout()
+    newest = max(plugins.Tensors(LAYOUT_TAG), key=lambda e: e.step)
+    return layout_pb2.Layout.FromString(newest.tensor_proto.string_val[0])
 
 
 def read_out(out: Path) -> Tree:

@@ -68,6 +68,10 @@ or they stopped growing without matching; or a timeout):
   clock), and the aggregate, compared at the steps every rank has reached and no ``replay`` rule
   wrote without a rank (a replay writes what still waits at its end), and only while the ranks
   went back at the same steps (the ranks of one job resume together; ``resume`` is per rank);
+  the last layout, which charts the aggregate's tags, only while some aggregate step is compared;
+- the last layout has a chart for every aggregated metric a rank run shows and a band for every
+  ``<metric>/mean`` the aggregate shows (a live aggregate may rightly still hold a step a replay
+  writes at its end: then the layouts differ, and each must chart what its runs show);
 - no stall page for a rank whose job had finished or crashed (:data:`STALL_GRACE` s after its last
   line, the sidecar awake);
 - ``--out`` holds no run other than the two ranks, the aggregate and the layout; no run ever prints
@@ -114,8 +118,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
+from sidecar.analysis.aggregate import AGGREGATED_TAGS
+
 from live_helpers import BIN, RankLog, Sidecar, event_files, loss_value
-from outputs import RunOutput, Tree, differences, last_layout, read_out, same_value
+from outputs import RunOutput, Tree, differences, last_layout, newest_layout, read_out, same_value
 
 RANKS = (0, 1)
 BACKUPS = 5
@@ -703,6 +709,7 @@ class LogsAndSidecar(RuleBasedStateMachine):
             missing = self.metadata_missing(run, shown.get(run, RunOutput())) if tags else []
             assert not missing, f"{run}: {missing} not shown (a START purged them? never written?)"
         self.check_aggregate(shown)
+        self.layout_charts_the_runs(shown)
         for rank in RANKS:
             bad = written_twice_or_out_of_order(self.out / f"rank_{rank}")
             assert not bad, f"rank {rank}: raw records written twice or out of order: {bad[:20]} ({len(bad)})"
@@ -722,6 +729,23 @@ class LogsAndSidecar(RuleBasedStateMachine):
         folded = [fold(self.records[r]) for r in RANKS]
         reached = min(max(points, default=0) for points in folded)
         return {s for s in set.intersection(*(set(p) for p in folded)) if s <= reached and s not in self.flushed}
+
+    def layout_charts_the_runs(self, shown: Tree) -> None:
+        """The newest layout has an "all ranks" chart for each aggregated metric a rank run shows
+        and a band chart for each ``<metric>/mean`` the aggregate shows (it may have more: it never
+        shrinks, while a resume's START hides what a run showed of the old segment)."""
+        overlays, bands = set(), set()
+        for category in newest_layout(self.out / f"layout/{INSTANCE}").category:
+            for chart in category.chart:
+                if chart.HasField("multiline"):
+                    overlays.add(category.title)
+                else:
+                    bands.update(series.value.removesuffix("/mean") for series in chart.margin.series)
+        ranks = {tag for r in RANKS for tag in shown.get(f"rank_{r}", RunOutput()).scalars}
+        aggregate = shown.get(f"aggregate/{INSTANCE}", RunOutput()).scalars
+        means = {tag.removesuffix("/mean") for tag in aggregate if tag.endswith("/mean")}
+        assert overlays >= ranks & AGGREGATED_TAGS, f"layout overlays {sorted(overlays)}, rank runs {sorted(ranks)}"
+        assert bands >= means & AGGREGATED_TAGS, f"layout bands {sorted(bands)}, aggregate /mean tags {sorted(means)}"
 
     def check_aggregate(self, shown: Tree) -> None:
         steps = self.comparable_aggregate_steps()
@@ -749,8 +773,12 @@ class LogsAndSidecar(RuleBasedStateMachine):
                 return comparable.__contains__
             return lambda s: True
 
-        def ignore(run: str, tag: str) -> bool:  # the layout charts the aggregate: none before a step has all ranks
-            return tag in LIVE_ONLY or (run.startswith("layout/") and not reached)
+        # The layout charts the aggregate's tags: where its steps are not comparable (none has
+        # every rank yet, or ranks went back at different steps, which a live aggregate waits out
+        # for --aggregate-timeout and a replay writes at its end), the layout is checked against
+        # the runs this one shows instead (layout_charts_the_runs, in verify).
+        def ignore(run: str, tag: str) -> bool:
+            return tag in LIVE_ONLY or (run.startswith("layout/") and not (reached and comparable))
 
         mine, reference = last_layout(shown), last_layout(copy.deepcopy(self.replayed[1]))
         if not NEW_RULES:  # before issue 26's fixes: alert episodes, the card and markers are not yet exactly-once
@@ -856,6 +884,10 @@ FOUND |= {
         ("resume", {"back": 7, "count": 11, "rank": 1}), ("sigkill", {}), ("start", {"poll": False}),
         ("resume", {"back": 39, "count": 11, "rank": 0}), ("resume", {"back": 29, "count": 12, "rank": 1}),
         ("pause", {"seconds": 0.3}), ("sigkill", {}), ("start", {"poll": True}), ("sigkill", {})],
+    "resumes-at-different-steps-leave-the-layout-without-the-band": [
+        ("resume", {"rank": 0, "back": 1, "count": 1}),
+        ("torn_line", {"rank": 1, "back": 0, "count": 1, "cut": 0.0, "startup": False}),
+        ("resume", {"rank": 0, "back": 1, "count": 1})],
 }
 COPIED = ("new: a copy read again (copytruncate) wrote its start-up events again at a later step (fixed: a text the"
           " run holds with the line's timestamp is a duplicate, RunWriter.shows)")
@@ -885,6 +917,10 @@ FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": fou
         "new: a SIGKILL after a resume's START reached the run, before a checkpoint: the restart read that resume"
         " again as a copy and its checkpoint said the card was written (fixed: a run opened without the card at the"
         " step the checkpoint holds makes it due, RunMetadata.shown)",
+    "resumes-at-different-steps-leave-the-layout-without-the-band":
+        "new, in the oracle: a live aggregate rightly holds a step a rank went back past without the others (until"
+        " --aggregate-timeout), a replay writes it at its end, and the layout charts what each aggregate shows (fixed:"
+        " the layout is compared with a replay's only where the aggregate is, else with the runs it charts)",
 }
 NEW_RULE_NAMES = {"startup_part", "append_edge", "sigstop_rollovers", "rewrite_in_place", "torn_line", "job_ends",
                   "kill_while_starting"}

@@ -16,6 +16,8 @@ from sidecar.output import run_writer
 from sidecar.output.event_file import EventFileWriter
 from sidecar.output.event_scan import RunView, scan_run
 from sidecar.output.state import StateStore
+from live_helpers import Sidecar, tb_points, wait_until
+from outputs import newest_layout
 from tb_read import raw_points
 from tb_server import tensorboard
 
@@ -139,3 +141,27 @@ def test_a_run_written_with_the_old_text_names_gets_no_text_twice(tmp_path: Path
     StateStore(out, "test").forget()
     replay(DP2, out)
     assert raw_points(out / "rank_0") == before
+
+
+def test_a_step_written_at_the_aggregate_timeout_gets_its_band_while_nothing_is_read(tmp_path: Path) -> None:
+    """Rank 1's log has no step (a rank that died at start-up): rank 0's steps wait for it and a
+    live sidecar writes them --aggregate-timeout later, when nothing is read any more. The layout
+    gets the band charts then, not only at the next line read or at the stop."""
+    logs, out = tmp_path / "logs", tmp_path / "summary"
+    write_log(logs / "rank_0" / "info.log", range(1, 4), with_norm=False)
+    (logs / "rank_1").mkdir()
+    (logs / "rank_1" / "info.log").write_text("")
+    sidecar = Sidecar([logs], out, "inotify", tmp_path, "--aggregate-timeout", "0.5", "--checkpoint-interval", "0.2")
+    sidecar.start()
+    try:
+        wait_until(lambda: tb_points(out / "aggregate" / "test", "loss/mean"), 5, "the aggregate's timed-out steps")
+        wait_until(lambda: "loss (mean, min-max band)" in layout_titles(out / "layout" / "test"), 5,
+                   f"the layout's loss band (it has {layout_titles(out / 'layout' / 'test')})")
+        assert sidecar.running(), sidecar.stderr()
+    finally:
+        sidecar.stop()
+
+
+def layout_titles(run_dir: Path) -> list[str]:
+    """The chart titles of the run's newest layout, as TensorBoard's loader reads it."""
+    return [chart.title for category in newest_layout(run_dir).category for chart in category.chart]

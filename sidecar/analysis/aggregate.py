@@ -180,6 +180,13 @@ class CrossRankAggregator:
     def flush_due(self, now: float) -> None:
         self._write_due(now)
 
+    def next_due(self, now: float) -> float | None:
+        """Seconds until the oldest waiting step is written without the ranks it waits for (live:
+        the loop wakes by then, when nothing else would), or ``None`` if none waits."""
+        if not self._order or math.isinf(self.timeout):
+            return None
+        return max(self._pending[self._order[0]].first_seen + self.timeout - now, 0.0)
+
     def flush(self) -> None:
         """End of input: write everything still waiting."""
         self._write_due(None)

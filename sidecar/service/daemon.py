@@ -246,6 +246,7 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
             next_scan = now + rescan_every
         decisions.observe(engine)
         raised = engine.alerts.raised
+        waiting_steps = engine.aggregator.pending_steps() if engine.aggregator is not None else 0
         read = engine.pump(READ_BUDGET, now)
         if read:
             quiet, last_read = 0, now
@@ -255,7 +256,10 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
             quiet += 1
         holding = engine.tick(now)
         engine.flush()
-        dirty = dirty or read > 0 or engine.alerts.raised != raised  # an episode opened by time (a stall) is kept too
+        # An episode opened by time (a stall) is kept too, and steps the aggregate wrote at its
+        # timeout (the checkpoint also brings the layout's band charts up to date).
+        dirty = dirty or read > 0 or engine.alerts.raised != raised or \
+            engine.aggregator is not None and engine.aggregator.pending_steps() != waiting_steps
         if dirty and now >= next_checkpoint:
             engine.checkpoint()
             dirty = False
@@ -276,7 +280,9 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
         notifier.healthy()
         if idle:
             wait = min(idle_wait, config.companion_wait) if holding else idle_wait
-            for due in (engine.alerts.next_check(now), waiting.next_check(now)):  # a stall alert, the missing-path warning
+            aggregate_due = engine.aggregator.next_due(now) if engine.aggregator is not None else None
+            # a stall alert, the missing-path warning, a step the aggregate writes at its timeout
+            for due in (engine.alerts.next_check(now), waiting.next_check(now), aggregate_due):
                 wait = wait if due is None else min(wait, due + 0.05)
             if notifier.enabled and stale:
                 wait = min(wait, next_notify - now)  # systemd's status is brought up to date once quiet

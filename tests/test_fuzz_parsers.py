@@ -38,7 +38,7 @@ from parsers.line import parse_message, text_of
 from parsers.parallel_lines import parse_parallel_line
 from parsers.prefix import PrefixSplitter
 from parsers.rank_labels import RankRouter
-from parsers.records import MalformedLine, Record, StepLine
+from parsers.records import MalformedLine, Record
 from parsers.run_config import StartupCollector, parse_startup_line, read_literal
 from parsers.torn import tears
 from parsers.values import parse_bool, parse_int64, parse_number, split_fields

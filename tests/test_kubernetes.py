@@ -26,7 +26,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tomllib
 from importlib.metadata import distribution
 from pathlib import Path

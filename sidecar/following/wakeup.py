@@ -46,13 +46,14 @@ import errno
 import logging
 import os
 import select
-import time
 from pathlib import Path
 
 from inotify_simple import INotify, flags, parse_events
 
+from sidecar.following.clock import SYSTEM, Clock
 from sidecar.following.discovery import linked_dirs
 from sidecar.following.tailer import STDIN
+from sidecar.following.waker import Bell
 
 log = logging.getLogger(__name__)
 
@@ -169,38 +170,18 @@ class _Inotify:
         self._inotify.close()
 
 
-class _Bell:
-    """``set()`` wakes :meth:`WakeUp.wait` from another thread (the signal relay), as a pipe."""
-
-    def __init__(self) -> None:
-        self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-
-    def set(self) -> None:
-        try:
-            os.write(self._write_fd, b"!")
-        except BlockingIOError:
-            pass  # already rung
-
-    def take(self) -> bool:
-        rang = False
-        try:
-            while os.read(self.read_fd, 512):
-                rang = True
-        except BlockingIOError:
-            pass
-        return rang
-
-
 class WakeUp:
-    """``wait(timeout)`` returns early when a watched file changes (if inotify is in use) or when
-    :attr:`event` is set.
+    """The node daemon's :class:`~sidecar.following.waker.Waker`: ``wait(timeout)`` returns early
+    when a watched file changes (if inotify is in use) or when :meth:`wake` is called.
 
     ``structure_changed`` says a file or directory was created, moved or deleted since the
     last :meth:`take_structure_change`, i.e. a rescan is due now rather than at the next reconcile.
     """
 
-    def __init__(self, roots: list[Path], out: Path, poll_only: bool, interval: float) -> None:
-        self.event = _Bell()
+    def __init__(self, roots: list[Path], out: Path, poll_only: bool, interval: float,
+                 clock: Clock = SYSTEM) -> None:
+        self.event = Bell()
+        self._clock = clock
         self.interval = interval
         self._returned = float("-inf")  # when wait() last returned: the loop read then
         self.structure_changed = False
@@ -245,6 +226,10 @@ class WakeUp:
     @property
     def events(self) -> bool:
         return self._inotify is not None
+
+    def wake(self) -> None:
+        """End the current (or the next) :meth:`wait` now; safe from any thread."""
+        self.event.set()
 
     def take_structure_change(self) -> bool:
         """Was the tree changed (or a watch re-armed) since the last call? Re-arms dead watches."""
@@ -298,25 +283,25 @@ class WakeUp:
 
     def wait(self, timeout: float) -> None:
         """Until a file event that matters (then :data:`COALESCE` more, or until :attr:`interval`
-        after the last return, whichever is later, but not past ``timeout``), :attr:`event` or
+        after the last return, whichever is later, but not past ``timeout``), :meth:`wake` or
         ``timeout``; takes every event queued."""
-        self._wait(time.monotonic() + timeout)
-        self._returned = time.monotonic()
+        self._wait(self._clock.monotonic() + timeout)
+        self._returned = self._clock.monotonic()
 
     def _wait(self, deadline: float) -> None:
         while True:
-            ready = {fd for fd, _ in self._poller.poll(max(0.0, deadline - time.monotonic()) * 1000)}
+            ready = {fd for fd, _ in self._poller.poll(max(0.0, deadline - self._clock.monotonic()) * 1000)}
             if self.event.read_fd in ready and self.event.take():
                 return
             written = self._inotify is not None and self._inotify.fd in ready
             if written or self._stdin and 0 in ready:
                 # the rest of the burst, and what comes until the next read is due: all read in one round
-                pause = max(COALESCE, min(self._returned + self.interval, deadline) - time.monotonic())
+                pause = max(COALESCE, min(self._returned + self.interval, deadline) - self._clock.monotonic())
                 if self._bell.poll(pause * 1000) and self.event.take():  # a signal does not wait for it
                     return
                 if not written or self._take_events():
                     return
-            if not ready or time.monotonic() >= deadline:
+            if not ready or self._clock.monotonic() >= deadline:
                 return
 
     def _take_events(self) -> bool:

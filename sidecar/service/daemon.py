@@ -35,6 +35,10 @@ again after a restart completes them.
 SIGUSR1: log the status line now. SIGHUP: rescan now. Open files are kept: they are followed by
 identity, and a renamed-away or deleted file that still has unread bytes can only be read
 through its open descriptor.
+Signals only set flags (:class:`sidecar.service.signals.Requests`) that the loop reads between
+rounds. Time comes from a :class:`~sidecar.following.clock.Clock` and the wait from a
+:class:`~sidecar.following.waker.Waker`, both passed in: ``tests/test_stepped_loop.py`` runs this
+loop in-process with a fake clock and a manual waker and steps it round by round.
 A write error (disk full, read-only) ends the process with status 1 before any checkpoint could
 claim the failed events, so a restart after the fix loses nothing.
 
@@ -48,22 +52,20 @@ what was deleted is written again and nothing twice.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
-import time
 from dataclasses import replace
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from sidecar.engine import Engine, Settings
+from sidecar.following.clock import SYSTEM, Clock
 from sidecar.following.tailer import QUIET_AFTER, STDIN
+from sidecar.following.waker import Waker
 from sidecar.following.wakeup import WakeUp
 from sidecar.output.event_file import OutputLost
 from sidecar.output.lock import hold
 from sidecar.service.config import SidecarConfig
 from sidecar.service.notify import Notifier
 from sidecar.service.replay import alert_command, settings_from
+from sidecar.service.signals import Requests, install
 from sidecar.service.status import Decisions, Waiting, status_line
 
 if TYPE_CHECKING:
@@ -85,53 +87,22 @@ class MetricsUnavailable(Exception):
     """``--metrics-port`` cannot be served (in use, bad host): a misuse, not an output failure."""
 
 
-class _Signals:
-    """SIGTERM/SIGINT/SIGHUP/SIGUSR1 set flags and cut the loop's wait short.
-
-    The handlers only set flags. Waking the loop with ``Event.set()`` inside a handler
-    deadlocks: the handler runs in the main thread, which may hold the event's lock (inside
-    ``wait``/``clear``) when the signal lands; the process then ignores even SIGTERM. Instead
-    Python's C-level handler writes each signal to a pipe (``signal.set_wakeup_fd``) and a
-    small thread turns that into ``wake.set()``.
-    """
-
-    def __init__(self, wake: threading.Event) -> None:
-        self.stop = False
-        self.reload = False
-        self.report = False
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=_relay, args=(read_fd, wake), name="signal-wakeup", daemon=True).start()
-        signal.signal(signal.SIGTERM, self._on_stop)
-        signal.signal(signal.SIGINT, self._on_stop)
-        signal.signal(signal.SIGHUP, self._on_reload)
-        signal.signal(signal.SIGUSR1, self._on_report)
-
-    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        self.stop = True
-
-    def _on_reload(self, signum: int, frame: FrameType | None) -> None:
-        self.reload = True
-
-    def _on_report(self, signum: int, frame: FrameType | None) -> None:
-        self.report = True
-
-
-def _relay(read_fd: int, wake: threading.Event) -> None:
-    while os.read(read_fd, 64):
-        wake.set()
-
-
-def run_daemon(config: SidecarConfig) -> int:
+def run_daemon(config: SidecarConfig, clock: Clock = SYSTEM, wake: Waker | None = None,
+               requests: Requests | None = None) -> int:
+    """The loop, on the process's clock, file events and signals; a test passes a
+    :class:`~sidecar.following.clock.FakeClock`, a :class:`~sidecar.following.waker.ManualWaker`
+    and its own :class:`Requests` (then no signal handler is installed) and steps it."""
     on_alert = alert_command(config)
     settings = settings_from(config, live=True, on_alert=on_alert)
     engine = Engine(settings)
     notifier = Notifier()
-    wake = WakeUp(config.paths, config.out, config.poll, config.min_read_interval)
-    signals = _Signals(wake.event)
+    if wake is None:
+        wake = WakeUp(config.paths, config.out, config.poll, config.min_read_interval, clock)
+    if requests is None:
+        requests = Requests()
+        install(requests, wake.wake)
     collector, pusher = _publish(engine, config, notifier, wake)
-    waiting = Waiting(config.paths, config.wait_grace)
+    waiting = Waiting(config.paths, config.wait_grace, clock.monotonic())
     try:
         engine.scan()
         log.info("watching %s (%s) -> %s; %d file(s) so far",
@@ -141,9 +112,9 @@ def run_daemon(config: SidecarConfig) -> int:
             pusher.start()
         while True:
             try:
-                _loop(engine, config, notifier, wake, signals, waiting, pusher)
+                _loop(engine, config, notifier, wake, requests, waiting, pusher, clock)
                 notifier.stopping()
-                _drain(engine, config.drain_timeout)
+                _drain(engine, config.drain_timeout, clock)
                 if STDIN in config.paths:  # what was read of a stream is never read again: release it
                     engine.drain()
                 engine.checkpoint()
@@ -167,7 +138,7 @@ def run_daemon(config: SidecarConfig) -> int:
 
 
 def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier,
-             wake: WakeUp) -> tuple[EngineCollector | None, RemoteWrite | None]:
+             wake: Waker) -> tuple[EngineCollector | None, RemoteWrite | None]:
     """The one registry that ``--metrics-port`` serves and ``--remote-write`` pushes, when either is on."""
     if config.metrics_port is None and config.remote_write is None:
         return None, None
@@ -208,8 +179,8 @@ def _start_over(engine: Engine, settings: Settings, lost: OutputLost) -> Engine:
     return fresh
 
 
-def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeUp, signals: _Signals,
-          waiting: Waiting, pusher: RemoteWrite | None) -> None:
+def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Waker, requests: Requests,
+          waiting: Waiting, pusher: RemoteWrite | None, clock: Clock) -> None:
     # With file events, polling is only the safety net (a missed or overflowed event): the loop
     # sleeps until an event or the reconcile interval, and rescans on tree changes, so an idle
     # sidecar following a thousand files costs almost nothing. Without them, it polls.
@@ -218,19 +189,19 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
     ping = notifier.watchdog_interval or RECONCILE_INTERVAL
     idle_wait = min(RECONCILE_INTERVAL, ping)
     rescan_every = max(RESCAN_RECONCILE, config.rescan_interval)
-    next_scan = next_checkpoint = next_notify = time.monotonic()
+    next_scan = next_checkpoint = next_notify = clock.monotonic()
     next_status = next_scan + config.status_interval if config.status_interval else float("inf")
     decisions = Decisions(config.from_end)
     dirty = False
     stale = True  # systemd's STATUS= does not show the latest step yet
-    quiet, last_read = 0, time.monotonic()  # rounds since the loop went quiet, and when it was not
-    while not signals.stop:
+    quiet, last_read = 0, clock.monotonic()  # rounds since the loop went quiet, and when it was not
+    while not requests.stop:
         if engine.input_ended():
             log.info("standard input ended; stopping")
             break
-        now = time.monotonic()
-        if signals.reload:
-            signals.reload = False
+        now = clock.monotonic()
+        if requests.reload:
+            requests.reload = False
             log.info("SIGHUP: rescanning")
             next_scan = now
         appeared = waiting.check(now)
@@ -268,13 +239,13 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: WakeU
         # queued if the writers went on meanwhile) instead of looking again at once.
         idle = read == 0 or wake.events and not any(source.active for source in engine.sources.values())
         stale = stale or read > 0
-        report = signals.report or now >= next_status
+        report = requests.report or now >= next_status
         if report or notifier.enabled and stale and now >= next_notify:  # built only when it goes somewhere
             status = status_line(engine, waiting.missing, pusher)
             notifier.status(status)
             stale, next_notify = False, now + NOTIFY_STATUS_EVERY
             if report:
-                signals.report = False
+                requests.report = False
                 log.info("status: %s", status)
                 next_status = now + config.status_interval if config.status_interval else float("inf")
         notifier.healthy()
@@ -294,13 +265,12 @@ def _backed_off(base: float, quiet: int, cap: float) -> float:
     return min(base * 2 ** min(quiet, 16), max(base, cap))
 
 
-def _drain(engine: Engine, timeout: float) -> None:
+def _drain(engine: Engine, timeout: float, clock: Clock) -> None:
     """Read what the files hold right now (the trainer's last lines), within ``timeout``."""
-    deadline = time.monotonic() + timeout
+    deadline = clock.monotonic() + timeout
     engine.scan()
-    while time.monotonic() < deadline:
-        now = time.monotonic()
-        if engine.pump(READ_BUDGET, now) == 0:
+    while clock.monotonic() < deadline:
+        if engine.pump(READ_BUDGET, clock.monotonic()) == 0:
             break
-    engine.tick(time.monotonic())
+    engine.tick(clock.monotonic())
 

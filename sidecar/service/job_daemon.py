@@ -9,6 +9,9 @@ than watching file events: a poll costs a directory listing and a ``stat`` per r
 sidecars' files may be on a network filesystem written by other hosts, and TensorBoard itself
 reloads every 5 s.
 
+Time, the wait and the stop request are passed in as for the node daemon
+(:func:`sidecar.service.daemon.run_daemon`), so a test steps this loop too.
+
 SIGTERM/SIGINT: read what the runs hold now (for at most ``drain_timeout``), checkpoint, exit 0;
 steps still waiting for a rank wait in the checkpoint. The aggregate run deleted under it
 (:class:`OutputLost` at a checkpoint): start over from the rank runs, as the node daemon does.
@@ -21,50 +24,25 @@ output ends it with status 1 and a dropped checkpoint, like ``replay``.
 from __future__ import annotations
 
 import logging
-import os
-import select
-import signal
 import time
-from types import FrameType
 
 from sidecar.analysis.job_aggregate import JOB, JobAggregate
+from sidecar.following.clock import SYSTEM, Clock
+from sidecar.following.waker import TimerWaker, Waker
 from sidecar.output.event_file import OutputLost
 from sidecar.output import run_names
 from sidecar.output.lock import hold
 from sidecar.service.config import SidecarConfig
 from sidecar.service.notify import Notifier
+from sidecar.service.signals import Requests, install
 
 log = logging.getLogger(__name__)
 
 
-class _Stop:
-    """SIGTERM/SIGINT set a flag; :meth:`wait` returns early when one arrives (the C-level
-    handler writes to a pipe, ``signal.set_wakeup_fd``, which the wait selects on)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._read, write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(write, False)
-        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        signal.signal(signal.SIGTERM, self._on_stop)
-        signal.signal(signal.SIGINT, self._on_stop)
-
-    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = True
-
-    def wait(self, timeout: float) -> None:
-        if not self.requested:
-            select.select([self._read], [], [], timeout)
-        try:
-            while os.read(self._read, 64):
-                pass
-        except BlockingIOError:
-            pass
-
-
-def run_job_aggregate(config: SidecarConfig, once: bool) -> int:
-    """0, or 2 for a ``--run-name`` it cannot follow (one line)."""
+def run_job_aggregate(config: SidecarConfig, once: bool, clock: Clock = SYSTEM, wake: Waker | None = None,
+                      requests: Requests | None = None) -> int:
+    """0, or 2 for a ``--run-name`` it cannot follow (one line). ``clock``, ``wake`` and
+    ``requests`` as for :func:`sidecar.service.daemon.run_daemon` (a test steps the loop)."""
     if run_names.needs_hash(config.run_name):
         log.error("--run-name %s: the aggregate cannot follow {config_hash} outside {rank}'s path component (the "
                   "hash is read from the logs, not from the runs); tell experiments apart by {label} or {job}",
@@ -73,7 +51,11 @@ def run_job_aggregate(config: SidecarConfig, once: bool) -> int:
     loss_ranks = set(config.loss_ranks) if config.loss_ranks is not None else None
     if once:
         return _once(config, loss_ranks)
-    stop = _Stop()
+    if wake is None:
+        wake = TimerWaker()
+    if requests is None:
+        requests = Requests()
+        install(requests, wake.wake, reload=False)
     notifier = Notifier()
     job = _job(config, config.aggregate_timeout, loss_ranks)
     try:
@@ -83,7 +65,7 @@ def run_job_aggregate(config: SidecarConfig, once: bool) -> int:
         notifier.ready(job.status())
         while True:
             try:
-                _follow(job, config, notifier, stop)
+                _follow(job, config, notifier, wake, requests, clock)
                 break
             except OutputLost as lost:
                 log.warning("%s; writing it again from the rank runs", lost)
@@ -95,19 +77,22 @@ def run_job_aggregate(config: SidecarConfig, once: bool) -> int:
     except OSError:
         job.abandon()
         raise
+    finally:
+        wake.stop()
     job.close()
     log.info("stopped: %s", job.status())
     return 0
 
 
-def _follow(job: JobAggregate, config: SidecarConfig, notifier: Notifier, stop: _Stop) -> None:
+def _follow(job: JobAggregate, config: SidecarConfig, notifier: Notifier, wake: Waker, requests: Requests,
+            clock: Clock) -> None:
     idle_wait = min(config.poll_interval, notifier.watchdog_interval or config.poll_interval)
-    next_checkpoint = time.monotonic()
+    next_checkpoint = clock.monotonic()
     next_status = next_checkpoint + config.status_interval if config.status_interval else float("inf")
     written = job.aggregator.writer.points_written
     dirty = False
-    while not stop.requested:
-        now = time.monotonic()
+    while not requests.stop:
+        now = clock.monotonic()
         job.check()
         job.scan()
         read = job.pump(now)
@@ -127,12 +112,12 @@ def _follow(job: JobAggregate, config: SidecarConfig, notifier: Notifier, stop: 
             next_status = now + config.status_interval
         notifier.healthy()
         if read == 0:
-            stop.wait(idle_wait)
+            wake.wait(idle_wait)
     notifier.stopping()
-    deadline = time.monotonic() + config.drain_timeout
-    while time.monotonic() < deadline and job.pump(time.monotonic()):
+    deadline = clock.monotonic() + config.drain_timeout
+    while clock.monotonic() < deadline and job.pump(clock.monotonic()):
         pass
-    job.flush_due(time.monotonic())
+    job.flush_due(clock.monotonic())
     job.checkpoint()
 
 

@@ -9,7 +9,6 @@ found), read off the engine between iterations, rather than the file events that
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,10 +79,10 @@ class Waiting:
     when waiting starts and once when each appears, with a warning if one is still missing after
     ``grace`` seconds (a typo in the path looks just like a job that has not started)."""
 
-    def __init__(self, paths: list[Path], grace: float) -> None:
+    def __init__(self, paths: list[Path], grace: float, now: float) -> None:
         self.missing = [p for p in paths if p != STDIN and not p.exists()]
         self._grace = grace
-        self._since = time.monotonic()
+        self._since = now
         self._warned = False
         if self.missing:
             log.info("waiting for %s to appear (does not exist yet; the job creates it)",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NoReturn
 from sidecar import __version__
 
 if TYPE_CHECKING:
+    from sidecar.output.upload import Uploader
     from sidecar.service.config import SidecarConfig
 
 EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK, EXIT_ALERT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
@@ -43,7 +44,9 @@ COMMANDS = """commands:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, help="output directory: one TensorBoard run per rank (rank_<N>/)")
+    parser.add_argument("--out", help="output directory: one TensorBoard run per rank (rank_<N>/); or s3://BUCKET/PREFIX "
+                        "(staged in --state-dir, uploaded every --upload-interval)")
+    _bucket(parser)
     parser.add_argument("--config", type=Path, help="YAML file with any of these options (command line wins)")
     parser.add_argument("--rank", type=int, help="rank of files whose path names none (default 0)")
     parser.add_argument(
@@ -72,6 +75,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-event-file-mb", type=float, metavar="MB",
                         help="start a new event file once one holds this many MiB (default: no limit)")
     _logging(parser)
+
+
+def _bucket(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", type=Path, metavar="DIR",
+                        help="with --out s3://: the local directory the runs and the checkpoint are staged in "
+                        "(default $XDG_STATE_HOME/mstb-sidecar/BUCKET/PREFIX, else ~/.local/state/...)")
+    parser.add_argument("--upload-interval", type=float, metavar="SECONDS",
+                        help="with --out s3://: seconds between uploads, so how fresh the bucket is (default 10)")
 
 
 def _logging(parser: argparse.ArgumentParser) -> None:
@@ -179,7 +190,8 @@ def _aggregate_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", type=Path, help="the output directory the node sidecars share")
+    parser.add_argument("--out", help="the output directory the node sidecars share, or their s3://BUCKET/PREFIX")
+    _bucket(parser)
     parser.add_argument("--once", action="store_true",
                         help="read what the runs hold, write every step with the ranks that reported it, exit")
     parser.add_argument("--aggregate-timeout", type=float,
@@ -241,11 +253,44 @@ def main(argv: list[str] | None = None) -> int:
             from sidecar.service.check import run_check
 
             return EXIT_OK if run_check(config, sys.stdout) else EXIT_CHECK
-        prepare_out(config.out)
+        prepare_out(config.out, "--state-dir" if config.bucket else "--out")
         hold(config.out, config.instance)  # for the life of the process: one writer per --out and instance
+        uploader = _open_bucket(config, mirror=command == "aggregate")
     except (ConfigError, LockError) as exc:
         parser.exit(EXIT_USAGE, "".join(f"{parser.prog}: error: {line}\n" for line in str(exc).splitlines()))
     _raise_fd_limit()
+    if uploader is not None:
+        uploader.start()
+    code = EXIT_WRITE
+    try:
+        code = _run(command, config, once, uploader, parser)
+    finally:
+        if uploader is not None:
+            from sidecar.service.bucket_out import close_bucket
+
+            if not close_bucket(uploader, config, replay=command == "replay" or once) and code == EXIT_OK \
+                    and (command == "replay" or once):
+                code = EXIT_WRITE  # a replay is done when the bucket holds it
+    return code
+
+
+def _open_bucket(config: SidecarConfig, mirror: bool) -> Uploader | None:
+    """``--out s3://``: the uploader, its lease held and the staging directory pulled (or ConfigError)."""
+    if config.bucket is None:
+        return None
+    from sidecar.service.bucket_out import BucketStartError, open_bucket
+    from sidecar.service.config import ConfigError
+
+    try:
+        return open_bucket(config, mirror)
+    except BucketStartError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _run(command: str, config: SidecarConfig, once: bool, uploader: Uploader | None,
+         parser: argparse.ArgumentParser) -> int:
+    from sidecar.output.lock import LockError
+
     try:
         if command == "aggregate":
             from sidecar.service.job_daemon import run_job_aggregate
@@ -258,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         from sidecar.service.daemon import MetricsUnavailable, run_daemon
 
         try:
-            return run_daemon(config)
+            return run_daemon(config, uploader=uploader)
         except MetricsUnavailable as exc:
             parser.exit(EXIT_METRICS, f"{parser.prog}: error: {exc}\n")
     except OSError as exc:

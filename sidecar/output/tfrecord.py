@@ -87,3 +87,21 @@ def iter_records(fh: BinaryIO, offset: int = 0) -> Iterator[Record]:
         end = offset + HEADER_BYTES + length + FOOTER_BYTES
         yield Record(offset, end, payload)
         offset = end
+
+
+def whole_records(buf: bytes | memoryview) -> tuple[int, int]:
+    """(end of the whole records at the start of ``buf``, size of the record cut at that end, or 0).
+
+    Checks each length's CRC (not the payloads': they were checked when written) so that a cut
+    never falls inside a record. Raises :class:`CorruptRecord` with the offset of a bad length."""
+    pos, size = 0, len(buf)
+    while pos + HEADER_BYTES <= size:
+        (length,) = _LEN.unpack_from(buf, pos)
+        (len_crc,) = _CRC.unpack_from(buf, pos + 8)
+        if len_crc != masked_crc32c(bytes(buf[pos:pos + 8])) or length > MAX_RECORD_BYTES:
+            raise CorruptRecord("bad length CRC", pos)
+        end = pos + HEADER_BYTES + length + FOOTER_BYTES
+        if end > size:
+            return pos, end - pos
+        pos = end
+    return pos, (HEADER_BYTES if pos < size else 0)

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from parsers.custom_metrics import CustomMetric, MetricList
 from sidecar.analysis.detectors import AlertSettings, Group
 from sidecar.following.tailer import STDIN
 from sidecar.output import run_names
+from sidecar.output.bucket import SCHEME, split_url
 
 
 class ConfigError(Exception):
@@ -34,7 +35,10 @@ class ConfigError(Exception):
 class SidecarConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    out: Path
+    out: Path  # the staging directory (--state-dir) when --out is a bucket
+    bucket: str | None = None  # --out s3://BUCKET/PREFIX, as given
+    state_dir: Path | None = None
+    upload_interval: float = Field(10.0, gt=0, le=3600)
     paths: list[Path] = Field(min_length=1)
     rank: int = Field(0, ge=0, description="rank of files whose path names none")
     rank_pattern: str | None = None
@@ -77,6 +81,25 @@ class SidecarConfig(BaseModel):
     progress: bool = True
     jobs: int | None = Field(None, ge=1, description="replay: processes to read ranks in (default: the usable cores)")
     fail_on: list[Group] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bucket(cls, data: object) -> object:
+        """``--out s3://...`` writes into the staging directory, which the bucket mirrors
+        (:mod:`sidecar.output.upload`); everything else keeps writing a local ``out``."""
+        if not isinstance(data, dict):
+            return data
+        out, state_dir = data.get("out"), data.get("state_dir")
+        if isinstance(out, str) and out.startswith(SCHEME):
+            try:
+                bucket, prefix = split_url(out)
+            except ValueError as exc:  # not pydantic's ValueError: its message would be unnamed
+                raise ConfigError(f"--out {out}: {exc}") from None
+            staging = Path(state_dir) if state_dir is not None else default_state_dir(bucket, prefix)
+            return {**data, "bucket": out.rstrip("/"), "out": staging}
+        if state_dir is not None:
+            raise ConfigError("--state-dir is for --out s3://BUCKET/PREFIX only (a local --out holds its own state)")
+        return data
 
     @field_validator("loss_ranks", mode="before")
     @classmethod
@@ -156,7 +179,7 @@ class SidecarConfig(BaseModel):
 
 # YAML keys (with "_") that are spelled differently from the field they set; True: the value is negated.
 _ALIASES = {"watch": ("paths", False), "no_aggregate": ("aggregate", True), "no_progress": ("progress", True)}
-_HIDDEN = {"paths", "aggregate", "progress"}  # set through an alias, not under this name
+_HIDDEN = {"paths", "aggregate", "progress", "bucket"}  # set through an alias, not under this name
 
 
 def load_config(cli: dict[str, object], config_file: Path | None, paths_option: str = "--watch PATH") -> SidecarConfig:
@@ -269,8 +292,15 @@ def check_paths(config: SidecarConfig) -> None:
             raise ConfigError(f"cannot read {path}: permission denied; run as a user that can read the training logs")
 
 
-def prepare_out(out: Path) -> None:
-    """Create ``--out`` if needed and prove it is writable, before any work starts."""
+def default_state_dir(bucket: str, prefix: str) -> Path:
+    """Where ``--out s3://BUCKET/PREFIX`` stages its runs unless ``--state-dir`` says:
+    ``$XDG_STATE_HOME/mstb-sidecar/BUCKET/PREFIX`` (``~/.local/state`` without it)."""
+    home = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(home, "mstb-sidecar", bucket, *prefix.split("/"))
+
+
+def prepare_out(out: Path, option: str = "--out") -> None:
+    """Create ``--out`` (or the staging ``--state-dir``) if needed and prove it is writable, before any work starts."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".mstb-probe-", dir=out)
@@ -278,5 +308,5 @@ def prepare_out(out: Path) -> None:
         os.unlink(probe)
     except OSError as exc:
         raise ConfigError(
-            f"cannot write to --out {out}: {exc.strerror or exc}; choose a directory you can write to"
+            f"cannot write to {option} {out}: {exc.strerror or exc}; choose a directory you can write to"
         ) from None

@@ -66,9 +66,10 @@ from sidecar.service.config import SidecarConfig
 from sidecar.service.notify import Notifier
 from sidecar.service.replay import alert_command, settings_from
 from sidecar.service.signals import Requests, install
-from sidecar.service.status import Decisions, Waiting, status_line
+from sidecar.service.status import Decisions, Described, Waiting, status_line
 
 if TYPE_CHECKING:
+    from sidecar.output.upload import Uploader
     from sidecar.service.metrics import EngineCollector
     from sidecar.service.remote_write import RemoteWrite
 
@@ -88,7 +89,7 @@ class MetricsUnavailable(Exception):
 
 
 def run_daemon(config: SidecarConfig, clock: Clock = SYSTEM, wake: Waker | None = None,
-               requests: Requests | None = None) -> int:
+               requests: Requests | None = None, uploader: Uploader | None = None) -> int:
     """The loop, on the process's clock, file events and signals; a test passes a
     :class:`~sidecar.following.clock.FakeClock`, a :class:`~sidecar.following.waker.ManualWaker`
     and its own :class:`Requests` (then no signal handler is installed) and steps it."""
@@ -101,18 +102,19 @@ def run_daemon(config: SidecarConfig, clock: Clock = SYSTEM, wake: Waker | None 
     if requests is None:
         requests = Requests()
         install(requests, wake.wake)
-    collector, pusher = _publish(engine, config, notifier, wake)
+    collector, pusher = _publish(engine, config, notifier, wake, uploader)
+    others = [o for o in (pusher, uploader) if o is not None]  # what the status line shows beside the engine
     waiting = Waiting(config.paths, config.wait_grace, clock.monotonic())
     try:
         engine.scan()
         log.info("watching %s (%s) -> %s; %d file(s) so far",
                  ", ".join(map(str, config.paths)), wake.mode, config.out, len(engine.sources))
-        notifier.ready(status_line(engine, waiting.missing, pusher))
+        notifier.ready(status_line(engine, waiting.missing, others))
         if pusher is not None:
             pusher.start()
         while True:
             try:
-                _loop(engine, config, notifier, wake, requests, waiting, pusher, clock)
+                _loop(engine, config, notifier, wake, requests, waiting, others, clock)
                 notifier.stopping()
                 _drain(engine, config.drain_timeout, clock)
                 if STDIN in config.paths:  # what was read of a stream is never read again: release it
@@ -133,19 +135,23 @@ def run_daemon(config: SidecarConfig, clock: Clock = SYSTEM, wake: Waker | None 
         if on_alert is not None:
             on_alert.close(config.drain_timeout)
     engine.close()
-    log.info("stopped: %s", status_line(engine, waiting.missing, pusher))
+    log.info("stopped: %s", status_line(engine, waiting.missing, others))
     return 0
 
 
-def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier,
-             wake: Waker) -> tuple[EngineCollector | None, RemoteWrite | None]:
+def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Waker,
+             uploader: Uploader | None) -> tuple[EngineCollector | None, RemoteWrite | None]:
     """The one registry that ``--metrics-port`` serves and ``--remote-write`` pushes, when either is on."""
     if config.metrics_port is None and config.remote_write is None:
         return None, None
     from sidecar.service.metrics import registry_for, serve
 
-    job = config.job or str(config.out.resolve())
+    job = config.job or config.bucket or str(config.out.resolve())
     collector, registry = registry_for(engine, job)
+    if uploader is not None:
+        from sidecar.service.bucket_out import BucketCollector
+
+        registry.register(BucketCollector(uploader, job))
     pusher = None
     if config.remote_write is not None:
         from sidecar.service.remote_write import RemoteWrite, RemoteWriteCollector
@@ -180,7 +186,7 @@ def _start_over(engine: Engine, settings: Settings, lost: OutputLost) -> Engine:
 
 
 def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Waker, requests: Requests,
-          waiting: Waiting, pusher: RemoteWrite | None, clock: Clock) -> None:
+          waiting: Waiting, others: list[Described], clock: Clock) -> None:
     # With file events, polling is only the safety net (a missed or overflowed event): the loop
     # sleeps until an event or the reconcile interval, and rescans on tree changes, so an idle
     # sidecar following a thousand files costs almost nothing. Without them, it polls.
@@ -241,7 +247,7 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Waker
         stale = stale or read > 0
         report = requests.report or now >= next_status
         if report or notifier.enabled and stale and now >= next_notify:  # built only when it goes somewhere
-            status = status_line(engine, waiting.missing, pusher)
+            status = status_line(engine, waiting.missing, others)
             notifier.status(status)
             stale, next_notify = False, now + NOTIFY_STATUS_EVERY
             if report:

@@ -151,7 +151,7 @@ def run_replay(config: SidecarConfig, alert_exit: int) -> int:
                     engine.lines_read, ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else ""))
     elif not config.quiet:
         print(summary(engine, time.monotonic() - started))
-        print(f"open it with: tensorboard --logdir {config.out}")
+        print(f"open it with: tensorboard --logdir {config.bucket or config.out}")
     failed = sorted(group.value for group in config.fail_on if engine.alerts.groups[group])
     if failed:
         log.error("failing as --fail-on asks: %s alert(s) raised (see above); the runs are written",

@@ -9,23 +9,27 @@ found), read off the engine between iterations, rather than the file events that
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from parsers.lifecycle import Lifecycle
 from sidecar.analysis.aggregate import rank_ranges
 from sidecar.engine import Engine
 from sidecar.following.tailer import STDIN, Identity
 
-if TYPE_CHECKING:
-    from sidecar.service.remote_write import RemoteWrite
-
 log = logging.getLogger(__name__)
 
 MAX_STEP_GROUPS = 4  # a 1024-rank job must still fit one line
 
 
-def status_line(engine: Engine, waiting: list[Path], pusher: RemoteWrite | None = None) -> str:
+class Described(Protocol):
+    """An output beside the runs (``--remote-write``, the ``--out`` bucket) with its own status."""
+
+    def describe(self) -> str: ...
+
+
+def status_line(engine: Engine, waiting: list[Path], others: Sequence[Described] = ()) -> str:
     """``following 4 file(s), 2 rank(s), last step 16 (rank 0-1), training finished (rank 1), lag 0 bytes,
     not written: ..., remote write: ...``"""
     sources = list(engine.sources.values())
@@ -41,8 +45,7 @@ def status_line(engine: Engine, waiting: list[Path], pusher: RemoteWrite | None 
     dropped = engine.accounting.describe()
     if dropped:
         parts.append(f"not written: {dropped}")
-    if pusher is not None:
-        parts.append(pusher.describe())
+    parts += [other.describe() for other in others]
     line = ", ".join(parts)
     if waiting:
         line = f"waiting for {', '.join(map(str, waiting))} to appear; {line}"

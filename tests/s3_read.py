@@ -1,0 +1,39 @@
+"""Read ``s3://BUCKET/PREFIX`` the way ``tensorboard --logdir s3://...`` does; print JSON.
+
+Run as ``python tests/s3_read.py s3://BUCKET/PREFIX`` with ``S3_ENDPOINT`` and the credentials set:
+TensorBoard registers its S3 filesystem (boto3) with the endpoint it finds at import, so a test
+process that imported TensorBoard before setting them reads in a fresh process instead.
+Output: ``{run: {"scalars": {tag: [[step, value], ...]}, "run_json": {...} | null}}``, every point
+in the order TensorBoard's ``EventMultiplexer`` (its S3 directory loader) returns them, repeats kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from tensorboard.backend.event_processing import event_multiplexer
+from tensorboard.compat.tensorflow_stub.io import gfile
+
+
+def read(url: str) -> dict[str, dict]:
+    mux = event_multiplexer.EventMultiplexer(size_guidance={"scalars": 0, "tensors": 0})
+    mux.AddRunsFromDirectory(url)
+    mux.Reload()
+    out: dict[str, dict] = {}
+    for run in sorted(mux.Runs()):
+        acc = mux.GetAccumulator(run)
+        scalars = {tag: [[e.step, _num(e.value)] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+        path = f"{url}/{run}/run.json"
+        run_json = json.loads(gfile.GFile(path, "r").read()) if gfile.exists(path) else None
+        out[run] = {"scalars": scalars, "run_json": run_json}
+    return out
+
+
+def _num(value: float) -> float | str:
+    return value if math.isfinite(value) else repr(value)
+
+
+if __name__ == "__main__":
+    print(json.dumps(read(sys.argv[1])))

@@ -20,6 +20,9 @@ BATCH_SIZE = "batch-size"
 CHECKPOINT_SAVE_TIME = "checkpoint-save-time"
 # The metrics of a graph-trainer step record, in the order they are shown (summary, aggregate).
 MAIN = (LOSS, LEARNING_RATE, GRAD_NORM, LOSS_SCALE, ITERATION_TIME, THROUGHPUT, MODEL_FLOPS)
+# The metrics the cross-rank aggregate takes over ranks (sidecar.analysis.aggregate), in the order
+# the custom-scalars layout charts them (sidecar.output.layout).
+AGGREGATED = (*MAIN, "lm-loss", "mtp-loss", "load-balancing-loss", "indexer-loss")
 EVAL_PREFIX = "eval/"
 EVAL_TIME = "eval/time"
 TEXT_CHECKPOINT = "events/checkpoint"

@@ -13,12 +13,14 @@ Values that do not fit, decided per kind (a poison line must never raise):
   which is what the printed number means; it is written, and the alerts report a non-finite
   loss or grad norm like any other. One finite as a double but beyond float32 (``1e39``) is
   kept as read; every event stores it as float32, i.e. as ``+inf``/``-inf``, and so does the
-  record's identity (:mod:`sidecar.analysis.sequencer`).
+  record's identity (:mod:`parsers.identity`); :func:`float32` is that conversion.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INT64_DIGITS = len(str(INT64_MAX))
@@ -107,3 +109,15 @@ def split_fields(text: str) -> list[tuple[str, str]]:
         key, sep, value = pending.partition(":")
         pairs.append((key.strip().lower(), value.strip()) if sep else ("", pending.strip()))
     return pairs
+
+
+_F32 = struct.Struct("<f")
+
+
+def float32(value: float) -> bytes:
+    """``value`` as the 4 bytes of a float32, as protobuf stores it: a finite value beyond the
+    float32 range is +-inf (never an ``OverflowError``), one below its smallest subnormal is +-0."""
+    try:
+        return _F32.pack(value)
+    except OverflowError:
+        return _F32.pack(math.copysign(math.inf, value))

@@ -6,8 +6,10 @@ change a verdict (the end-to-end cases are in ``test_clock_and_order.py``).
 
 from __future__ import annotations
 
+from parsers.identity import WINDOW, record_identity
 from parsers.records import Record
-from sidecar.analysis.sequencer import WINDOW, ChainCursor, RankSequencer, Verdict, record_identity
+from sidecar.analysis.sequencer import RankSequencer, Verdict
+from sidecar.following.chains import ChainCursor
 
 T0 = 1_800_000_000.0
 

@@ -49,43 +49,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from parsers import tags
 from parsers.records import ParallelConfigLine, PipelineLine, Record
 from sidecar.output.run_writer import RunWriter, custom_scalars_value
+from sidecar.output.state_parts import AggregateState, PendingStep
 
 log = logging.getLogger(__name__)
 
-AGGREGATED = (*tags.MAIN, "lm-loss", "mtp-loss", "load-balancing-loss", "indexer-loss")
-AGGREGATED_TAGS = frozenset(AGGREGATED)
+AGGREGATED_TAGS = frozenset(tags.AGGREGATED)
 SLOWEST = f"{tags.ITERATION_TIME}/slowest-rank"
-_NAMES = {tag: (f"{tag}/mean", f"{tag}/min", f"{tag}/max", f"{tag}/spread") for tag in AGGREGATED}
+_NAMES = {tag: (f"{tag}/mean", f"{tag}/min", f"{tag}/max", f"{tag}/spread") for tag in tags.AGGREGATED}
 WARN_EVERY = 60.0  # at most one warning about steps written without a rank per this many seconds
-
-
-class PendingStep(BaseModel):
-    step: int
-    wall: float
-    values: dict[str, dict[int, float]]  # tag -> rank -> value
-
-
-class AggregateState(BaseModel):
-    """What the aggregate waits for and knows, checkpointed with the log offsets it matches."""
-
-    model_config = ConfigDict(ser_json_inf_nan="constants")  # a NaN loss still waiting stays NaN
-
-    pending: list[PendingStep] = []
-    last_step: dict[int, int] = {}
-    reporters: dict[str, list[int]] = {}
-    pipeline: PipelineLine | None = None
-    parallel: ParallelConfigLine | None = None
-    emitted: int = -1
-    resumed_at: int | None = None
-    emitted_since_resume: bool = False
-    behind: list[int] = []
-    incomplete_steps: int = 0
 
 
 @dataclass(slots=True)

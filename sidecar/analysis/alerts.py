@@ -43,8 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from pydantic import BaseModel
-
 from parsers import tags
 from parsers.assembler import ERROR_TAG
 from parsers.lifecycle import Lifecycle, lifecycle_of
@@ -57,6 +55,7 @@ from sidecar.analysis.detectors import (
     SpikeDetector,
     StallDetector,
 )
+from sidecar.output.state_parts import WatchState
 
 log = logging.getLogger("mstb_sidecar.alerts")
 
@@ -119,14 +118,6 @@ class LifecycleChange:
             return f"rank {self.rank}: training is running again at step {self.step}{had}{said}"
         what = "finished" if self.state is Lifecycle.FINISHED else "died"
         return f"rank {self.rank}: training {what} at step {self.step}{said}"
-
-
-class WatchState(BaseModel):
-    """What a rank's alerts need after a restart (see the module docstring)."""
-
-    lifecycle: Lifecycle | None = None
-    last_step: int | None = None
-    firing: list[str] = []  # alert names whose episode is on
 
 
 Sink = Callable[[Alert], None]

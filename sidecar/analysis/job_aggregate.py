@@ -7,7 +7,7 @@ a :class:`~sidecar.analysis.aggregate.CrossRankAggregator`, which does the math,
 rule, the timeout for a late or dead node and the pipeline-parallel loss rule, as it does for
 a node. What the rank runs hold, read back:
 
-- a scalar event with any of :data:`~sidecar.analysis.aggregate.AGGREGATED` is one training step;
+- a scalar event with any of :data:`~parsers.tags.AGGREGATED` is one training step;
 - a ``SessionLog.START`` at or below the newest step read from that run (in its current
   segment) is a training resume (:meth:`RunWriter.resume` writes it; TensorBoard purges by it):
   the rank's next step goes to the aggregator as a resume. A START above it is a plain restart
@@ -67,14 +67,16 @@ from pydantic import BaseModel, Field
 from tensorboard.compat.proto import event_pb2
 
 from parsers.records import Record
-from sidecar.analysis.aggregate import AGGREGATED, AggregateState, CrossRankAggregator, rank_ranges
-from sidecar.analysis.parallel_layout import LAYOUT_TAG, ParallelLayout, read_layout
+from parsers.tags import AGGREGATED
+from sidecar.analysis.aggregate import CrossRankAggregator, rank_ranges
+from sidecar.analysis.parallel_layout import LAYOUT_TAG, read_layout
 from sidecar.output.event_file import OutputLost, vanished
 from sidecar.output import run_names
 from sidecar.output.layout import LayoutRun
 from sidecar.output.run_follow import RunFollower
 from sidecar.output.run_writer import RunWriter
 from sidecar.output.state import StateStore
+from sidecar.output.state_parts import AggregateState, ParallelLayout
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ sidecar sees them in its ranks' logs; ``mstb-sidecar aggregate`` sees only the e
 each rank's run gets a value :data:`LAYOUT_TAG` holding the layout as JSON, in the event before
 the first training step written after the layout changed: once per run, and again when it
 changes. What a rank's log stated, and whether its run shows it yet, is part of the checkpoint
-(:class:`NoteState`): a restart after the start-up lines does not read them again, and neither
+(:class:`~sidecar.output.state_parts.NoteState`): a restart after the start-up lines does not read them again, and neither
 forgets the layout nor writes it a second time. A training resume whose ``SessionLog.START``
 purges the step the layout was written at makes it due again (:meth:`LayoutNote.purged`), so it
 is written at the resume step, as the config card is.
@@ -22,26 +22,16 @@ hands both to :meth:`~sidecar.analysis.aggregate.CrossRankAggregator.note_parall
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from tensorboard.compat.proto import summary_pb2
 
 from parsers import tags
 from parsers.records import ParallelConfigLine, PipelineLine
 from sidecar.output.run_writer import text_value
+from sidecar.output.state_parts import NoteState, ParallelLayout
 
 LAYOUT_TAG = tags.PARALLEL_LAYOUT
 LAYOUT_PLUGIN = "mstb-sidecar-parallel-layout"
-
-
-class ParallelLayout(BaseModel):
-    parallel: list[ParallelConfigLine] = []  # at most one derived, then at most one stated
-    pipeline: PipelineLine | None = None
-
-    def with_line(self, line: ParallelConfigLine | PipelineLine) -> ParallelLayout:
-        if isinstance(line, PipelineLine):
-            return ParallelLayout(parallel=self.parallel, pipeline=line)
-        kept = [p for p in self.parallel if p.derived != line.derived] + [line]
-        return ParallelLayout(parallel=sorted(kept, key=lambda p: not p.derived), pipeline=self.pipeline)
 
 
 def layout_value(layout: ParallelLayout) -> summary_pb2.Summary.Value:
@@ -59,13 +49,6 @@ def read_layout(value: summary_pb2.Summary.Value) -> ParallelLayout | None:
         return ParallelLayout.model_validate_json(value.tensor.string_val[0])
     except (ValidationError, ValueError):
         return None
-
-
-class NoteState(BaseModel):
-    """A :class:`LayoutNote` in the checkpoint."""
-
-    layout: ParallelLayout = ParallelLayout()
-    due: bool = False
 
 
 class LayoutNote:

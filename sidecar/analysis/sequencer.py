@@ -31,7 +31,8 @@ otherwise                                               DUPLICATE: ``C`` re-deli
                                                         a ``copytruncate`` copy after a restart)
 ======================================================  =========================================
 
-Memory is bounded: identities are remembered for the last :data:`WINDOW` records written or
+Memory is bounded: identities (:mod:`parsers.identity`) are remembered for the last
+:data:`~parsers.identity.WINDOW` records written or
 superseded. Older ones are looked up in the run's event files, only for a record that would
 otherwise start a new segment (a chain's first record, or one that went back): that one
 question tells a copy from a continuation, and the records after it follow in order. The
@@ -41,19 +42,14 @@ engine orders a rank's chains so that copies are read after what they copy (see
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from parsers import tags
+from parsers.identity import WINDOW, Identity, record_identity
 from parsers.records import Record
-from sidecar.output.scalar_event import float32
-
-WINDOW = 2048
-
-Identity = tuple[int, float | None, int | None]
+from sidecar.following.chains import ChainCursor
 
 
 class Verdict(Enum):
@@ -61,31 +57,6 @@ class Verdict(Enum):
     DUPLICATE = "duplicate"
     SUPERSEDED = "superseded"
     RESUME = "resume"
-
-
-_BITS = struct.Struct("<I")
-
-
-def identity(step: int, wall: float | None, loss: float | None) -> Identity:
-    """What makes two copies of a record the same record: step, timestamp, loss as float32, as
-    the event stores it (a finite loss beyond float32 is +-inf there and here: never raises)."""
-    bits = None if loss is None else _BITS.unpack(float32(loss))[0]
-    return (step, wall, bits)
-
-
-def record_identity(record: Record) -> Identity:
-    return identity(record.step, record.wall_time, record.scalars.get(tags.LOSS))
-
-
-@dataclass
-class ChainCursor:
-    """Where one chain is for one rank: its previous training step in position order, and
-    whether its latest step record belongs to the run's current segment. ``stride``: how far
-    its last step moved forward (``per_print_times`` logs every N-th step; not checkpointed)."""
-
-    prev_step: int | None = None
-    live: bool = True
-    stride: int = 1
 
 
 @dataclass

@@ -30,11 +30,22 @@ from parsers.rank_labels import RankRouter
 from parsers.records import MalformedLine, ParsedLine, Record
 from parsers.run_config import StartupCollector
 from parsers.torn import tears
-from sidecar.analysis.sequencer import ChainCursor
 
 PEEK_BYTES = 4 << 20  # how far ahead a chain's first training step is looked for
 PEEK_PIECE = 64 << 10
 LATE = (math.inf, math.inf)
+
+
+@dataclass
+class ChainCursor:
+    """Where one chain is for one rank: its previous training step in position order, and
+    whether its latest step record belongs to the run's current segment (what the rank
+    sequencer, :mod:`sidecar.analysis.sequencer`, judges by). ``stride``: how far its last step
+    moved forward (``per_print_times`` logs every N-th step; not checkpointed)."""
+
+    prev_step: int | None = None
+    live: bool = True
+    stride: int = 1
 
 
 class Stream:

@@ -7,7 +7,7 @@ purges every earlier point with step >= S, so the watermarks describe the curren
 
 The scan can start from a remembered (file, size) position: everything before it is already
 summarised by the remembered watermarks, so a restart reads only the last checkpoint interval.
-The records identities it reads there (:func:`sidecar.analysis.sequencer.identity`) let the sequencer
+The records identities it reads there (:func:`parsers.identity.identity`) let the sequencer
 recognise the lines it re-reads from the checkpoint as copies; :func:`run_holds` answers the
 same question for any older record, by reading the whole run (rarely: once per new chain).
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from tensorboard.compat.proto import event_pb2, summary_pb2
 
 from parsers import tags
-from sidecar.analysis.sequencer import WINDOW, Identity, identity
+from parsers.identity import WINDOW, Identity, identity
 from sidecar.output.event_file import event_files
 from sidecar.output.tfrecord import CorruptRecord, iter_records
 
@@ -40,7 +40,7 @@ class RunView:
 
     ``recent`` holds the identities of the points read after the scan's starting position
     (what a crash wrote after the last checkpoint), ``True`` while shown and ``False`` once a
-    later START superseded them; at most :data:`sidecar.analysis.sequencer.WINDOW` of them.
+    later START superseded them; at most :data:`parsers.identity.WINDOW` of them.
     """
 
     watermarks: dict[str, int] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """The custom-scalars layout (TensorBoard's "Custom Scalars" tab), in a run of its own.
 
-One category per metric, in :data:`sidecar.analysis.aggregate.AGGREGATED` order (loss first), each with
+One category per metric, in :data:`parsers.tags.AGGREGATED` order (loss first), each with
 "all ranks" (every rank's ``<tag>`` overlaid) and, next to it, "mean, min-max band" (the
 aggregate's ``<tag>/mean`` between ``/min`` and ``/max``). A chart is there only for a tag a run
 has: an empty "Matches (0)" chart says nothing.
@@ -23,7 +23,7 @@ from pathlib import Path
 from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from sidecar.analysis.aggregate import AGGREGATED
+from parsers.tags import AGGREGATED
 from sidecar.output.event_file import event_files
 from sidecar.output.run_writer import CUSTOM_SCALARS_TAG, RunWriter, custom_scalars_value
 from sidecar.output.tfrecord import CorruptRecord, iter_records

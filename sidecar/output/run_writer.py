@@ -29,8 +29,8 @@ from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
 
+from parsers.identity import Identity
 from parsers.records import Record
-from sidecar.analysis.sequencer import Identity
 from sidecar.output import scalar_event
 from sidecar.output.event_file import EventFileWriter, OutputLost, vanished
 from sidecar.output.event_scan import TEXT_PLUGIN, RunView, TextIdentity, run_holds, run_texts, scan_run

@@ -14,10 +14,10 @@ a value beyond the float32 range becomes +-inf, as protobuf's float conversion m
 
 from __future__ import annotations
 
-import math
 import struct
 
-_F32 = struct.Struct("<f")
+from parsers.values import float32
+
 _WALL_TIME = struct.Struct("<cdc")  # the wall_time field, and the step field's key
 _SMALL = [bytes((n,)) for n in range(0x80)]
 
@@ -56,15 +56,6 @@ def _head(tag: str) -> bytes:
     """A ``Value``'s field header, its ``tag`` field and the ``simple_value`` key: all but the float."""
     name = _field(1, tag.encode())
     return _varint(1 << 3 | 2) + _varint(len(name) + 5) + name + b"\x15"
-
-
-def float32(value: float) -> bytes:
-    """``value`` as the 4 bytes of a float32, as protobuf stores it: a finite value beyond the
-    float32 range is +-inf (never an ``OverflowError``), one below its smallest subnormal is +-0."""
-    try:
-        return _F32.pack(value)
-    except OverflowError:
-        return _F32.pack(math.copysign(math.inf, value))
 
 
 def _field(number: int, payload: bytes) -> bytes:

@@ -1,7 +1,7 @@
 """The checkpoint: where each followed file was read to, what each run already holds, and what
 later output depends on that the lines before those offsets stated (each rank's run metadata,
 its parallel layout, the aggregate's waiting steps), and what each rank's alerts need after a
-restart (lifecycle, last step, open episodes: :class:`sidecar.analysis.alerts.WatchState`).
+restart (lifecycle, last step, open episodes); the parts analysis fills are typed in :mod:`sidecar.output.state_parts`.
 Parts added later are absent in checkpoints written before they were kept; those load as before.
 
 Written atomically (temp file, fsync, rename, fsync of the directory), and only after the
@@ -30,11 +30,9 @@ from typing import TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from sidecar.analysis.aggregate import AggregateState
-from sidecar.analysis.alerts import WatchState
-from sidecar.analysis.parallel_layout import NoteState
 from sidecar.output.event_file import vanished
 from sidecar.output.run_meta import MetaState
+from sidecar.output.state_parts import AggregateState, NoteState, WatchState
 
 log = logging.getLogger(__name__)
 

@@ -63,8 +63,8 @@ from sidecar.following.wakeup import WakeUp
 from sidecar.output.event_file import OutputLost
 from sidecar.output.lock import hold
 from sidecar.service.config import SidecarConfig
+from sidecar.service.engine_settings import alert_command, settings_from
 from sidecar.service.notify import Notifier
-from sidecar.service.replay import alert_command, settings_from
 from sidecar.service.signals import Requests, install
 from sidecar.service.status import Decisions, Described, Waiting, status_line
 

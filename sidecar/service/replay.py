@@ -19,10 +19,10 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from sidecar.engine import Engine, Settings
+from sidecar.engine import Engine
 from sidecar.output.event_file import OutputLost
-from sidecar.service.alert_command import AlertCommand
 from sidecar.service.config import SidecarConfig
+from sidecar.service.engine_settings import alert_command, settings_from
 from sidecar.service.interrupt import SAVED, CtrlC
 from sidecar.service import replay_workers
 from sidecar.service.report import summary
@@ -31,35 +31,6 @@ log = logging.getLogger(__name__)
 
 READ_BUDGET = 1 << 20  # per file and pump; between pumps a replay checkpoints and a worker hears Ctrl-C
 ALERT_DRAIN = 60.0  # seconds the end of a replay waits for --on-alert commands, at most
-
-
-def settings_from(config: SidecarConfig, live: bool, on_alert: AlertCommand | None = None) -> Settings:
-    return Settings(
-        out=config.out,
-        roots=config.paths,
-        default_rank=config.rank,
-        instance=config.instance,
-        from_end=config.from_end,
-        max_line=config.max_line_bytes,
-        companion_wait=config.companion_wait,
-        rank_pattern=config.rank_pattern,
-        aggregate=config.aggregate,
-        aggregate_timeout=config.aggregate_timeout if live else float("inf"),
-        loss_ranks=set(config.loss_ranks) if config.loss_ranks is not None else None,
-        alerts=config.alerts,
-        alert_sinks=[on_alert] if on_alert is not None else [],
-        live=live,
-        run_name=config.run_name,
-        label=config.label,
-        job=config.job,
-        every=config.every,
-        metrics=config.metrics,
-        max_file_bytes=int(config.max_event_file_mb * (1 << 20)) if config.max_event_file_mb else None,
-    )
-
-
-def alert_command(config: SidecarConfig) -> AlertCommand | None:
-    return AlertCommand(config.on_alert, config.on_alert_timeout) if config.on_alert else None
 
 
 def _progress(total: int, show: bool) -> Any:

@@ -20,7 +20,7 @@ from sidecar.analysis import accounting
 from sidecar.analysis.accounting import Accounting, Reason
 from sidecar.engine import Engine
 from sidecar.service.config import SidecarConfig
-from sidecar.service.replay import settings_from
+from sidecar.service.engine_settings import settings_from
 from tb_read import scalars
 
 _DOCUMENTED = ["duplicate", "superseded", "malformed", "too-long", "thinned", "deleted-unread", "unreadable"]

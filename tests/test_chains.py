@@ -16,7 +16,7 @@ from sidecar.engine import Engine
 from sidecar.following import chains
 from sidecar.following.chains import Chain, Stream, first_record, head_records
 from sidecar.service.config import SidecarConfig
-from sidecar.service.replay import settings_from
+from sidecar.service.engine_settings import settings_from
 from tb_read import scalars
 
 _PARALLEL = ("[INFO] 2026-11-29 09:59:00,000 [mindformers/core/parallel_config.py:62] build_parallel_config: "

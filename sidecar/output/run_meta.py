@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -67,6 +66,7 @@ from parsers.run_config import (
     markdown,
     settings,
 )
+from sidecar.output.durable import write_atomic
 from sidecar.output.run_writer import RunWriter, text_value
 
 log = logging.getLogger(__name__)
@@ -284,19 +284,4 @@ def _load(run_dir: Path) -> dict:
 
 def _write_json(run_dir: Path, content: dict) -> None:
     """``run_dir/run.json``, atomically; ``run_dir`` is a run under ``--out`` the writer made."""
-    tmp = run_dir / f".{RUN_JSON}.{os.getpid()}.tmp"
-    data = json.dumps(content, indent=1, default=str, ensure_ascii=False).encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, run_dir / RUN_JSON)
-    dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(run_dir / RUN_JSON, json.dumps(content, indent=1, default=str, ensure_ascii=False).encode("utf-8"))

@@ -23,13 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
+from sidecar.output.durable import write_atomic
 from sidecar.output.event_file import vanished
 from sidecar.output.run_meta import MetaState
 from sidecar.output.state_parts import AggregateState, NoteState, WatchState
@@ -144,17 +144,5 @@ class StateStore:
         self.path.unlink(missing_ok=True)
 
     def save(self, state: BaseModel) -> None:
-        directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # never shared between processes
-        data = state.model_dump_json().encode()
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644), "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, state.model_dump_json().encode())

@@ -1,0 +1,167 @@
+"""``--mlflow``: the runs in a real MLflow tracking server, read back with MLflow's own client.
+
+One ``mlflow server`` (SQLite backend, 127.0.0.1) for the module; each test has its experiment.
+The sink is driven directly: tags, params and lifecycle; points that wait in the spool while the
+server is down and are sent once by the next start; a segment sent in part before a kill.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from mlflow_server import MLflowServer
+from parsers.records import Record
+from sidecar.output.mlflow_sink import MLflowSink
+
+pytest.importorskip("mlflow")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    srv = MLflowServer(tmp_path_factory.mktemp("mlflow"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def runs_of(server: MLflowServer, experiment: str) -> dict:
+    """Run name -> run, of ``experiment`` (none when it does not exist yet)."""
+    client = server.client()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return {}
+    return {run.info.run_name: run for run in client.search_runs([found.experiment_id], max_results=1000)}
+
+
+def history(server: MLflowServer, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in server.client().get_metric_history(run_id, key))
+
+
+def wait_for(cond, timeout: float, what: str):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+# -- the sink on its own ----------------------------------------------------------------------
+def test_params_tags_and_lifecycle(server: MLflowServer, tmp_path: Path) -> None:
+    """One MLflow run per run, tagged; settings as params (a long value cut visibly, the full
+    ones in settings.json); texts as tags; FINISHED and FAILED from the lifecycle texts, and
+    the aggregate ends FAILED when a rank did."""
+    (tmp_path / "rank_0").mkdir()
+    (tmp_path / "rank_0" / "run.json").write_text(json.dumps({"config_hash": "abc123", "settings": {}}))
+    sink = MLflowSink(server.uri, tmp_path, "node-a", "limits", 30)
+    sink.restore(None)
+    long = "x" * 7000
+    settings = {"run.world_size": 2, "model.num_layers": 4, "note": long, "bad key[0]": True, "none": None}
+    sink.meta("rank_0", 0, settings)
+    for step in range(1, 4):
+        for rank in (0, 1):
+            sink.write(f"rank_{rank}", rank, Record(step, 1_800_000_000.0 + step, {"loss": rank + step / 4}))
+        sink.write("aggregate/node-a", None, Record(step, 1_800_000_000.0 + step, {"loss/mean": 0.5 + step / 4}))
+    sink.write("rank_0", 0, Record(3, 1_800_000_010.0, texts={"alerts/loss-spike": "rank 0: loss spike at step 3"}))
+    sink.write("rank_0", 0, Record(3, 1_800_000_011.0, texts={"events/lifecycle/finished": "rank 0: training finished"}))
+    sink.write("rank_1", 1, Record(3, 1_800_000_012.0, texts={"events/lifecycle/failed": "rank 1: training died"}))
+    assert sink.sync()["segment"] == 1
+    sink.close()
+    assert sink.health()["sent"] == 9 and sink.health()["queued"] == 0
+
+    runs = runs_of(server, "limits")
+    assert set(runs) == {"rank_0", "rank_1", "aggregate/node-a"}
+    rank0 = runs["rank_0"]
+    assert {k: rank0.data.tags[k] for k in ("rank", "instance", "config_hash", "mstb.run")} == \
+        {"rank": "0", "instance": "node-a", "config_hash": "abc123", "mstb.run": "rank_0"}
+    assert rank0.data.tags["host"]
+    assert rank0.data.params["note"] == "x" * 5999 + "…"
+    assert rank0.data.params["bad key_0_"] == "true" and rank0.data.params["none"] == "null"
+    assert rank0.data.params["model.num_layers"] == "4"
+    full = server.client().download_artifacts(rank0.info.run_id, "settings.json", str(tmp_path))
+    assert json.loads(Path(full).read_text())["settings"]["note"] == long
+    assert rank0.data.tags["alerts/loss-spike"] == "rank 0: loss spike at step 3"
+    assert (rank0.info.status, runs["rank_1"].info.status, runs["aggregate/node-a"].info.status) == \
+        ("FINISHED", "FAILED", "FAILED")
+    assert rank0.info.end_time == 1_800_000_011_000
+    assert history(server, rank0.info.run_id, "loss") == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    assert "rank" not in runs["aggregate/node-a"].data.tags
+
+
+def test_server_down_then_up_and_restart(server: MLflowServer, tmp_path: Path) -> None:
+    """Points handed over while the server is down wait in the spool (retried, counted); a new
+    sink (a restart) sends them once the server is back, with the ones it is handed again
+    (``again``) not repeated, and a resume's later points beside the superseded ones."""
+    down = MLflowServer(tmp_path / "down")  # nothing listens on its port
+    sink = MLflowSink(down.uri, tmp_path, "n", "outage", 1)
+    sink.restore(None)
+    for step in range(1, 2501):  # more than one log_batch request
+        sink.write("rank_0", 0, Record(step, 1_800_000_000.0 + step, {"loss": step * 0.5, "lr": 1e-3}))
+    state = sink.sync()
+    wait_for(lambda: sink.health()["retries"] >= 2, 60, "the sender to retry")
+    assert sink.health()["queued"] == 5000
+    sink.close()  # gives up after the drain timeout: the points stay in the spool
+
+    sink = MLflowSink(server.uri, tmp_path, "n", "outage", 30)
+    sink.restore(state)
+    for step in range(2400, 2601):
+        sink.write("rank_0", 0, Record(step, 1_800_000_000.0 + step, {"loss": step * 0.5}), again=step <= 2500)
+    sink.resume("rank_0", 0, 2590, 1_800_010_000.0)
+    for step in range(2590, 2596):
+        sink.write("rank_0", 0, Record(step, 1_800_010_000.0 + step, {"loss": -step}))
+    sink.sync()
+    sink.close()
+
+    run = runs_of(server, "outage")["rank_0"]
+    points = server.client().get_metric_history(run.info.run_id, "loss")
+    before = {(m.step, m.value) for m in points if m.timestamp < 1_800_010_000_000}
+    after = sorted((m.step, m.value) for m in points if m.timestamp >= 1_800_010_000_000)
+    assert len(points) == 2600 + 6 and before == {(s, s * 0.5) for s in range(1, 2601)}
+    assert after == [(s, -s) for s in range(2590, 2596)]
+    assert history(server, run.info.run_id, "mstb/resumed-at") == [(2590, 2590)]
+    assert len(server.client().get_metric_history(run.info.run_id, "lr")) == 2500
+
+
+def test_spooled_but_unconfirmed_is_reconciled(server: MLflowServer, tmp_path: Path) -> None:
+    """A segment sent in part before a kill (its sent mark never written) is checked against the
+    server after the restart: what the server holds is not sent again."""
+    sink = MLflowSink(server.uri, tmp_path, "n", "reconcile", 30)
+    sink.restore(None)
+    for step in range(1, 1501):
+        sink.write("rank_0", 0, Record(step, 1_800_000_000.0 + step, {"loss": float(step)}))
+    sink.sync()
+    sink.close()
+    spool = sink.spool.dir
+    ops = [json.loads(line) for line in (spool / "seg-0000000001.jsonl").read_text().splitlines()] \
+        if (spool / "seg-0000000001.jsonl").exists() else None
+    assert ops is None  # sent and confirmed: deleted
+    # the state after a kill between the server's answer and the sent mark: segment 1 unconfirmed
+    sent = json.loads((spool / "sent.json").read_text())
+    (spool / "sent.json").write_text(json.dumps({**sent, "segment": 0}))
+    lines = [json.dumps(["n", "rank_0", 0])] + [json.dumps(["m", "rank_0", "loss", float(s), s, (1_800_000_000 + s) * 1000])
+                                                 for s in range(1, 1501)]
+    (spool / "seg-0000000001.jsonl").write_text("\n".join(lines) + "\n")
+    sink = MLflowSink(server.uri, tmp_path, "n", "reconcile", 30)
+    sink.restore(None)
+    sink.close()
+    run = runs_of(server, "reconcile")["rank_0"]
+    assert history(server, run.info.run_id, "loss") == [(s, float(s)) for s in range(1, 1501)]
+    assert len(runs_of(server, "reconcile")) == 1
+
+
+def test_bad_uri_warns_and_keeps_the_points(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A URI MLflow cannot use: a warning and retries, never an exception; the points stay spooled."""
+    sink = MLflowSink("nonsense://nowhere", tmp_path, "n", "bad", 1)
+    sink.restore(None)
+    sink.write("rank_0", 0, Record(1, None, {"loss": 1.0}))
+    sink.sync()
+    wait_for(lambda: sink.health()["retries"] >= 1, 60, "a failed attempt")
+    sink.close()
+    assert sink.health()["queued"] == 1
+    assert any("nonsense://nowhere" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)

@@ -17,6 +17,7 @@ import resource
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -24,6 +25,7 @@ from sidecar import __version__
 
 if TYPE_CHECKING:
     from sidecar.output.upload import Uploader
+    from sidecar.output.sink import Sink
     from sidecar.service.config import SidecarConfig
 
 EXIT_OK, EXIT_WRITE, EXIT_USAGE, EXIT_METRICS, EXIT_CHECK, EXIT_ALERT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
@@ -211,7 +213,8 @@ def _aggregate_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, sinks: Sequence[Sink] = ()) -> int:
+    """The command line; ``sinks``: outputs besides TensorBoard, for a program that embeds it."""
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args and args[0] in ("replay", "check", "aggregate") else "watch"
     parser = {"replay": _replay_parser, "check": _check_parser, "watch": _watch_parser,
@@ -263,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         uploader.start()
     code = EXIT_WRITE
     try:
-        code = _run(command, config, once, uploader, parser)
+        code = _run(command, config, once, uploader, parser, sinks)
     finally:
         if uploader is not None:
             from sidecar.service.bucket_out import close_bucket
@@ -288,7 +291,7 @@ def _open_bucket(config: SidecarConfig, mirror: bool) -> Uploader | None:
 
 
 def _run(command: str, config: SidecarConfig, once: bool, uploader: Uploader | None,
-         parser: argparse.ArgumentParser) -> int:
+         parser: argparse.ArgumentParser, sinks: Sequence[Sink]) -> int:
     from sidecar.output.lock import LockError
 
     try:
@@ -299,11 +302,11 @@ def _run(command: str, config: SidecarConfig, once: bool, uploader: Uploader | N
         if command == "replay":
             from sidecar.service.replay import run_replay
 
-            return run_replay(config, EXIT_ALERT)
+            return run_replay(config, EXIT_ALERT, sinks)
         from sidecar.service.daemon import MetricsUnavailable, run_daemon
 
         try:
-            return run_daemon(config, uploader=uploader)
+            return run_daemon(config, sinks, uploader=uploader)
         except MetricsUnavailable as exc:
             parser.exit(EXIT_METRICS, f"{parser.prog}: error: {exc}\n")
     except OSError as exc:

@@ -43,6 +43,11 @@ them (by their shape, mostly without decoding them), and for a run of them the e
 what the full path would have done (the stream, the rank, the last timestamp); every other line
 takes the full path.
 
+Outputs are sinks (:mod:`sidecar.output.sink`): TensorBoard's (:mod:`sidecar.output.tensorboard`)
+owns every run writer and hands what they write to the others (:attr:`Settings.sinks`); each
+sink's ``sync()`` is saved in the checkpoint with the offsets it passed, and given back to its
+``restore()`` before anything is written. Time comes only from :attr:`Settings.clock`.
+
 The engine is single-threaded and never sleeps: callers decide when to scan, pump and checkpoint.
 A replay may run one engine per share of the ranks in worker processes (:meth:`Engine.restrict`,
 :mod:`sidecar.service.replay_workers`); what needs every rank then goes through :class:`CrossRank`.
@@ -53,7 +58,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +78,7 @@ from sidecar.analysis.detectors import AlertSettings, Group
 from sidecar.analysis.parallel_layout import LAYOUT_TAG, LayoutNote
 from sidecar.analysis.sequencer import RankSequencer, Verdict
 from sidecar.following.chains import LATE, Chain, Stream, first_record
+from sidecar.following.clock import SYSTEM, Clock
 from sidecar.following.discovery import Candidate, discover
 from sidecar.following.tailer import BINARY, STDIN, STDIN_NAME, FileTail, Identity, StreamTail
 from sidecar.mindspore.ms_follow import SummaryFollower
@@ -83,6 +88,7 @@ from sidecar.output.layout import LayoutRun
 from sidecar.output.run_meta import RunMetadata
 from sidecar.output.run_writer import RunWriter
 from sidecar.output.samples import SAMPLES_RUN, SampleTags
+from sidecar.output.sink import Sink
 from sidecar.output.state import (
     FileState,
     RankFacts,
@@ -93,6 +99,7 @@ from sidecar.output.state import (
     instance_name,
     runs_match,
 )
+from sidecar.output.tensorboard import TensorBoardSink
 from sidecar.output.thinning import Thinner
 
 log = logging.getLogger(__name__)
@@ -129,6 +136,8 @@ class Settings:
     max_file_bytes: int | None = None  # --max-event-file-mb
     metrics: list[CustomMetric] = field(default_factory=list)  # the config file's metrics:
     ranks: set[int] | None = None  # follow only these ranks (a replay worker's share, sidecar.service.replay_workers)
+    sinks: list[Sink] = field(default_factory=list)  # outputs besides TensorBoard, fed what it writes
+    clock: Clock = SYSTEM  # the engine's only source of time
 
 
 class ForeignRank(Exception):
@@ -199,9 +208,9 @@ class RankStats:
 
 
 class Rank:
-    def __init__(self, run_dir: Path, name: str, since: RunView | None, settings: Settings) -> None:
+    def __init__(self, writer: RunWriter, name: str, settings: Settings) -> None:
         self.name = name  # its path under --out
-        self.writer = RunWriter(run_dir, since, settings.max_file_bytes)
+        self.writer = writer
         self.thinner = Thinner(settings.every, self.writer.view) if settings.every > 1 else None
         self.sequencer = RankSequencer(self.writer.max_step, self.writer.holds)
         for key, shown in self.writer.view.recent.items():
@@ -230,8 +239,11 @@ class Engine:
         self.alerts.sinks += [self._alert_event, *settings.alert_sinks]
         self.alerts.lifecycle_sinks.append(self._lifecycle_event)
         self._restore_alerts()
+        self.tensorboard = TensorBoardSink(settings.out, settings.max_file_bytes, settings.sinks)
+        self.sinks: list[Sink] = [self.tensorboard, *settings.sinks]  # in this order at each checkpoint
+        for sink in self.sinks:  # before anything is written
+            sink.restore(self._restored.sinks.get(sink.name))
         self.summaries = SummaryFollower(self.run_writer, dict(self._restored.summaries))
-        self._other_runs: dict[str, RunWriter] = {}
         self._layouts: dict[int, LayoutNote] = {}  # per rank: what its log states of the parallel layout
         self._fed: dict[int, set[str]] = {}  # per rank: the chains whose lines stated its metadata or layout
         self._recalled: set[int] = set()  # ranks whose facts came back from the checkpoint (_recall)
@@ -262,7 +274,7 @@ class Engine:
             return
         self.aggregate_run = run_names.beside(template, rank_run, "aggregate", instance)
         aggregator = CrossRankAggregator(self.settings.out / self.aggregate_run, self.settings.aggregate_timeout,
-                                         self.settings.loss_ranks)
+                                         self.settings.loss_ranks, self.tensorboard.writer(self.aggregate_run))
         restored = self._restored
         if restored.aggregate is not None and (restored.aggregate_run or f"aggregate/{instance}") == self.aggregate_run:
             aggregator.restore(restored.aggregate)  # what it waited for before the restart
@@ -291,7 +303,7 @@ class Engine:
     def _scan_pass(self, added: list[Source]) -> bool:
         """One listing; returns whether it differed from the previous one."""
         changed = False
-        now = time.monotonic()
+        now = self.settings.clock.monotonic()
         for source in self.sources.values():
             if source.unseen_since is None:
                 source.unseen_since = now
@@ -783,17 +795,7 @@ class Engine:
         rank = _RANK_RUN.fullmatch(name)
         if rank:
             return self.rank(int(rank.group(1))).writer
-        writer = self._other_runs.get(name)
-        if writer is None:
-            writer = self._other_runs[name] = RunWriter(self.settings.out / name, None, self.settings.max_file_bytes)
-        return writer
-
-    def _extra_writers(self) -> list[RunWriter]:
-        extra = list(self._other_runs.values())
-        return extra + [self.aggregator.writer] if self.aggregator is not None else extra
-
-    def _writers(self) -> list[RunWriter]:
-        return [rank.writer for rank in self.ranks.values()] + self._extra_writers()
+        return self.tensorboard.writer(name)
 
     def rank(self, rank: int) -> Rank:
         entry = self.ranks.get(rank)
@@ -812,7 +814,7 @@ class Engine:
                             "the aggregate is over every rank this sidecar follows", rank, name, self.aggregate_run)
             self.meta.restore(rank, self.settings.out / name)
             since = RunView(dict(run.watermarks), run.file, run.size) if run else None
-            entry = self.ranks[rank] = Rank(self.settings.out / name, name, since, self.settings)
+            entry = self.ranks[rank] = Rank(self.tensorboard.writer(name, rank, since), name, self.settings)
             self.meta.shown(rank, entry.writer.view.watermarks)
             self.stats[rank] = entry.stats
         return entry
@@ -829,7 +831,7 @@ class Engine:
     def _deliver(self, rank_id: int, stream: Stream, record: Record) -> None:
         rank = self.rank(rank_id)
         stats = rank.stats
-        now = time.monotonic()
+        now = self.settings.clock.monotonic()
         if record.training_step:
             verdict = rank.sequencer.judge(record, stream.cursor)
             if verdict is not Verdict.SUPERSEDED and self.cross is not None:
@@ -900,7 +902,7 @@ class Engine:
         """The rank's parallel layout at this training step, if it changed since its run showed it."""
         note = self._layouts.get(rank_id)
         if note is not None and (layout := note.take()) is not None:
-            rank.writer.write_values(record.step, record.wall_time or time.time(), [layout])
+            rank.writer.write_values(record.step, record.wall_time or self.settings.clock.time(), [layout])
 
     def _alert_event(self, alert: Alert) -> None:
         """An alert as a text event at its step: in the rank's run, and for alerts about the ranks
@@ -918,7 +920,7 @@ class Engine:
 
     def _restore_alerts(self) -> None:
         """The checkpoint's lifecycles and open alert episodes (:meth:`Alerts.restore`)."""
-        now, mine = time.monotonic(), self.settings.ranks
+        now, mine = self.settings.clock.monotonic(), self.settings.ranks
         for key, run in self._restored.runs.items():
             if run.alerts is not None and (mine is None or int(key) in mine):
                 self.alerts.restore(int(key), run.alerts, now)
@@ -974,9 +976,9 @@ class Engine:
 
     # -- output ----------------------------------------------------------------------------
     def flush(self) -> None:
-        """Make written events visible to TensorBoard (no fsync)."""
-        for writer in self._writers():
-            writer.flush()
+        """Make what was written visible (TensorBoard: no fsync)."""
+        for sink in self.sinks:
+            sink.flush()
 
     def checkpoint(self, parts: list[State] | None = None) -> None:
         """Durability barrier for events, then the offsets that depend on them. ``parts``: those
@@ -992,7 +994,8 @@ class Engine:
     def state(self, parts: list[State] | None = None) -> State:
         """Sync every writer and describe what they hold and where each file was read to, with the
         parts replay workers handed over (``parts``, by default :attr:`adopted`)."""
-        self.meta.write_due({rank_id: rank.writer for rank_id, rank in self.ranks.items()})
+        for rank_id, values in self.meta.write_due({rank_id: rank.writer for rank_id, rank in self.ranks.items()}).items():
+            self.tensorboard.meta(self.ranks[rank_id].name, rank_id, values)
         mine = self.settings.ranks  # a worker hands over only its own ranks
         state = State(summaries=self.summaries.offsets(), facts=self._facts(mine))
         for part in self.adopted if parts is None else parts:
@@ -1002,14 +1005,16 @@ class Engine:
             for key, streams in part.chains.items():
                 state.chains.setdefault(key, {}).update(streams)
         handed = set(state.runs)
-        for writer in self._extra_writers():
-            writer.sync()
+        for sink in self.sinks:  # TensorBoard first: what the others were handed is durable in the runs
+            saved = sink.sync()
+            if saved is not None:
+                state.sinks[sink.name] = saved
         if self.aggregator is not None:
             state.aggregate, state.aggregate_run = self.aggregator.snapshot(), self.aggregate_run
         elif self._placing:  # not placed yet: what the checkpoint had of it still holds
             state.aggregate, state.aggregate_run = self._restored.aggregate, self._restored.aggregate_run
         for rank_id, rank in self.ranks.items():
-            view = rank.writer.sync()
+            view = rank.writer.view  # synced above
             state.runs[str(rank_id)] = RunState(name=rank.name, file=view.file, size=view.size,
                                                 watermarks=dict(view.watermarks))
         for key, run_state in self._restored.runs.items():
@@ -1079,7 +1084,7 @@ class Engine:
         kept (and read) for the quiet period; one with unread bytes (by a fresh ``fstat``, not
         the size the last read saw) or a held record is never dropped.
         """
-        now = time.monotonic()
+        now = self.settings.clock.monotonic()
         for identity, source in list(self.sources.items()):
             if (
                 source.unseen_since is not None
@@ -1094,15 +1099,16 @@ class Engine:
 
     def abandon(self) -> None:
         """After a write error: close everything without writing what is still buffered."""
-        self._close(RunWriter.abandon)
+        self.tensorboard.abandon()
+        self._close_sources()
 
     def close(self) -> None:
         self._write_last_points()
-        self._close(RunWriter.close)
+        for sink in self.sinks:
+            sink.close()
+        self._close_sources()
 
-    def _close(self, how: Callable[[RunWriter], None]) -> None:
-        for writer in self._writers():
-            how(writer)
+    def _close_sources(self) -> None:
         for source in self.sources.values():
             source.tail.close()
 

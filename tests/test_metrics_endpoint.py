@@ -95,7 +95,8 @@ def test_probes_follow_the_main_loop(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     notifier = Notifier()
     port = free_port()
-    _, registry = metrics.registry_for(Engine(Settings(out=tmp_path / "out", roots=[tmp_path])), "job")
+    _, registry = metrics.registry_for(Engine(Settings(out=tmp_path / "out", roots=[tmp_path])), "job",
+                                       metrics.TrainingGauges())
     metrics.serve(registry, "127.0.0.1", port, notifier)
     assert wait_get(port, "/readyz", timeout=0) == (503, "not ready: the first scan is running\n")
     assert get(port, "/healthz") == (200, "starting: the first scan is running\n")

@@ -85,8 +85,9 @@ class _Step:
 
 
 class CrossRankAggregator:
-    def __init__(self, run_dir: Path, timeout: float, loss_ranks: set[int] | None = None) -> None:
-        self.writer = RunWriter(run_dir)
+    def __init__(self, run_dir: Path, timeout: float, loss_ranks: set[int] | None = None,
+                 writer: RunWriter | None = None) -> None:
+        self.writer = writer if writer is not None else RunWriter(run_dir)  # the engine's comes from its sink
         self.timeout = timeout
         self.loss_ranks = loss_ranks
         self.expected: set[int] = set()  # ranks known from paths and stream labels

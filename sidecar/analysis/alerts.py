@@ -147,7 +147,6 @@ class RankWatch:
         self.stall = on(s.stall.enabled, lambda: StallDetector(s.stall))
         self.overflow = on(s.overflow.enabled, lambda: Episode(after=s.overflow.streak))
         self.behind = Episode()
-        self.latest: dict[str, float] = {}  # the scalars of the latest step
         self.last_step: int | None = None
         self.arrived: float | None = None  # monotonic time of the latest step
         self.checkpoint_step: int | None = None
@@ -217,7 +216,7 @@ class Alerts:
                 watch.checkpoint_step = record.step
         if not record.training_step:
             return
-        scalars = watch.latest = record.scalars
+        scalars = record.scalars
         watch.last_step, watch.arrived = record.step, now
         if watch.stall is not None and self.live:
             ms = scalars.get(tags.ITERATION_TIME)

@@ -19,7 +19,7 @@ not write the same text again under the plain name.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,12 +61,12 @@ class RunView:
             if len(self.recent) > WINDOW:
                 self.recent.popitem(last=False)
             for value in event.summary.value:
-                tag = _written_tag(value)
+                tag = written_tag(value)
                 if self.watermarks.get(tag, -1) < event.step:
                     self.watermarks[tag] = event.step
 
 
-def _written_tag(value: summary_pb2.Summary.Value) -> str:
+def written_tag(value: summary_pb2.Summary.Value) -> str:
     """The tag the sidecar writes for ``value`` today: a text written by an earlier version as
     ``events/compile/text_summary`` counts as ``events/compile``, so a restart on an old run
     does not write that text again under the new name."""
@@ -100,8 +100,10 @@ def _events(run_dir: Path, start_name: str = "", start_offset: int = 0,
         yield path, offset, None
 
 
-def scan_run(run_dir: Path, since: RunView | None = None) -> RunView:
-    """Fold every event after ``since`` (or all of them) into a :class:`RunView`."""
+def scan_run(run_dir: Path, since: RunView | None = None,
+             each: Callable[[event_pb2.Event, RunView], None] | None = None) -> RunView:
+    """Fold every event after ``since`` (or all of them) into a :class:`RunView`; ``each`` is
+    shown every such event first, with the view before it (what the run showed until then)."""
     files = event_files(run_dir)
     view = RunView(_current_names(since.watermarks), since.file, since.size) if since else RunView()
     names = [f.name for f in files]
@@ -111,6 +113,8 @@ def scan_run(run_dir: Path, since: RunView | None = None) -> RunView:
         if event is None:
             view.file, view.size = path.name, offset
         else:
+            if each is not None:
+                each(event, view)
             view.apply(event)
     return view
 
@@ -131,7 +135,7 @@ TextIdentity = tuple[str, float, bytes]  # tag (as written today), wall time (th
 def run_texts(run_dir: Path) -> set[TextIdentity]:
     """The identity of every text any event file of the run holds (shown or superseded). Only
     events that name the text plugin are decoded: a run is mostly scalars."""
-    return {(_written_tag(value), event.wall_time, value.tensor.string_val[0])
+    return {(written_tag(value), event.wall_time, value.tensor.string_val[0])
             for _, _, event in _events(run_dir, holding=TEXT_PLUGIN.encode()) if event is not None
             for value in event.summary.value
             if value.metadata.plugin_data.plugin_name == TEXT_PLUGIN and value.tensor.string_val}

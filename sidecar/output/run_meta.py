@@ -229,8 +229,11 @@ class RunMetadata:
             meta.due_step = record.step
         meta.last_step = record.step
 
-    def write_due(self, writers: dict[int, RunWriter]) -> None:
-        """Write what changed for every rank that has a training step (see the module docstring)."""
+    def write_due(self, writers: dict[int, RunWriter]) -> dict[int, dict[str, Value]]:
+        """Write what changed for every rank that has a training step (see the module docstring).
+        Returns the settings of each rank whose run has new ones, or had them already after a
+        restart (the other outputs are told them then: they may not have kept them)."""
+        told: dict[int, dict[str, Value]] = {}
         for rank, meta in self._ranks.items():
             writer = writers.get(rank)
             if not meta.dirty or meta.segment_step is None or writer is None:
@@ -243,13 +246,15 @@ class RunMetadata:
                 continue
             digest = self._digest(rank, values)
             if meta.written is None and meta.card_step is None and _load(writer.run_dir).get("settings") == values:
-                meta.written = values  # a restart that read the start-up lines again
+                meta.written = told[rank] = values  # a restart that read the start-up lines again
                 continue
             step = max(due if due is not None else meta.last_step, writer.view.watermarks.get(CONFIG_TAG, -1) + 1)
             wall = meta.segment_wall if meta.segment_wall is not None else 0.0
             writer.write_values(step, wall, [text_value(CONFIG_TAG, markdown(values, digest)), *_hparams_values(values)])
             _write_json(writer.run_dir, {"config_hash": digest, "run": config.facts(), "settings": values})
             meta.written, meta.card_step = values, step
+            told[rank] = values
+        return told
 
 
 def _hparams_values(values: dict[str, Value]) -> list[summary_pb2.Summary.Value]:

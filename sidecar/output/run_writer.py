@@ -10,6 +10,11 @@ stale tail exactly as its Rust loader does by per-tag preemption.
 Watermarks come from the run directory itself (:func:`sidecar.output.event_scan.scan_run`), so events
 written before a crash but after the last offset checkpoint are not written a second time.
 
+What it writes goes on to the other outputs through its :class:`Tap` (none: nothing is handed
+on, and the hot path pays one attribute check): every value as written (after de-duplication),
+each resume, and, when the writer opens the run, the events the run already holds past the
+checkpoint's view (:meth:`Tap.shown`; see :mod:`sidecar.output.tensorboard`).
+
 Deleted output: :meth:`RunWriter.sync`, the barrier before every checkpoint, checks that what
 this writer wrote is still in the run directory and raises :class:`OutputLost` if not, so a
 checkpoint never claims events that are gone; the loss is remembered until the writer is
@@ -21,7 +26,9 @@ not noticed.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
@@ -33,16 +40,28 @@ from parsers.identity import Identity
 from parsers.records import Record
 from sidecar.output import scalar_event
 from sidecar.output.event_file import EventFileWriter, OutputLost, vanished
-from sidecar.output.event_scan import TEXT_PLUGIN, RunView, TextIdentity, run_holds, run_texts, scan_run
+from sidecar.output.event_scan import TEXT_PLUGIN, RunView, TextIdentity, run_holds, run_texts, scan_run, written_tag
 
 RESUME_TAG = "events/resume"
 
 
+class Tap(Protocol):
+    """Where a run's points go besides its event files."""
+
+    def wrote(self, record: Record) -> None: ...  # what was written of a record (only that)
+
+    def resumed(self, step: int, wall_time: float | None) -> None: ...  # before the new segment's first point
+
+    def shown(self, event: event_pb2.Event, view: RunView) -> None: ...  # an event found past the checkpoint
+
+
 class RunWriter:
-    def __init__(self, run_dir: Path, since: RunView | None = None, max_file_bytes: int | None = None) -> None:
+    def __init__(self, run_dir: Path, since: RunView | None = None, max_file_bytes: int | None = None,
+                 tap: Tap | None = None) -> None:
         self.run_dir = run_dir
         self.max_file_bytes = max_file_bytes  # --max-event-file-mb: a new file once one holds this much
-        self.view = scan_run(run_dir, since) if run_dir.exists() else RunView()
+        self.tap = tap
+        self.view = scan_run(run_dir, since, tap.shown if tap is not None else None) if run_dir.exists() else RunView()
         self._top = self.max_step  # the highest step of any tag (watermarks only grow between resumes)
         self._file: EventFileWriter | None = None
         self._start_step: int | None = None
@@ -59,7 +78,10 @@ class RunWriter:
         are encoded directly (:mod:`sidecar.output.scalar_event`), anything else by protobuf."""
         wall_time = record.wall_time if record.wall_time is not None else time.time()
         if record.texts:
-            return self.write_values(record.step, wall_time, _values(record))
+            values = self._put(record.step, wall_time, _values(record))
+            if values and self.tap is not None:
+                self.tap.wrote(as_record(record.step, wall_time, values, record.training_step))
+            return len(values)
         step, marks = record.step, self.view.watermarks
         if step > self._top:  # past every tag: all of it is new
             fresh = record.scalars
@@ -68,10 +90,20 @@ class RunWriter:
         if fresh:
             self._ensure_file(wall_time).write_encoded(scalar_event.encode(step, wall_time, fresh))
             self._mark(fresh, step)
+            if self.tap is not None:
+                self.tap.wrote(record if fresh is record.scalars and record.wall_time is not None
+                               else replace(record, wall_time=wall_time, scalars=fresh))
         return len(fresh)
 
     def write_values(self, step: int, wall_time: float, values: list[summary_pb2.Summary.Value]) -> int:
         """Write the values whose tag has not reached ``step`` yet, as one event."""
+        fresh = self._put(step, wall_time, values)
+        if fresh and self.tap is not None:
+            self.tap.wrote(as_record(step, wall_time, fresh))
+        return len(fresh)
+
+    def _put(self, step: int, wall_time: float, values: list[summary_pb2.Summary.Value]) -> list[summary_pb2.Summary.Value]:
+        """Write the values whose tag has not reached ``step`` yet, as one event; return them."""
         fresh = [v for v in values if self._new(v.tag, step)]
         if fresh:
             event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=fresh))
@@ -80,7 +112,7 @@ class RunWriter:
             if self._texts is not None:
                 self._texts.update((v.tag, wall_time, v.tensor.string_val[0]) for v in fresh
                                    if v.metadata.plugin_data.plugin_name == TEXT_PLUGIN and v.tensor.string_val)
-        return len(fresh)
+        return fresh
 
     def _new(self, tag: str, step: int) -> bool:
         return self.view.watermarks.get(tag, -1) < step
@@ -113,6 +145,8 @@ class RunWriter:
     def resume(self, step: int, wall_time: float | None, note: str) -> None:
         """Training went back to ``step``: start a new segment that supersedes steps >= step."""
         self.close()
+        if self.tap is not None:
+            self.tap.resumed(step, wall_time)
         self._start_step = step
         self.view.watermarks = {tag: min(s, step - 1) for tag, s in self.view.watermarks.items()}
         self._top = self.max_step
@@ -205,3 +239,17 @@ def _values(record: Record) -> list[summary_pb2.Summary.Value]:
     values = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in record.scalars.items()]
     values.extend(text_value(tag, text) for tag, text in record.texts.items())
     return values
+
+
+def as_record(step: int, wall_time: float, values: list[summary_pb2.Summary.Value], training_step: bool = False) -> Record:
+    """Values of one event as a record, as TensorBoard shows them: scalars, and every string tensor
+    as a text (a text, a Custom Scalars layout; decoded as TensorBoard's text plugin does). A value
+    of neither kind (the HParams plugin's, which :meth:`Sink.meta <sidecar.output.sink.Sink.meta>`
+    gives) is left out."""
+    record = Record(step, wall_time, training_step=training_step)
+    for value in values:
+        if value.HasField("simple_value"):
+            record.scalars[value.tag] = value.simple_value
+        elif value.tensor.string_val:
+            record.texts[written_tag(value)] = value.tensor.string_val[0].decode("utf-8", "replace")
+    return record

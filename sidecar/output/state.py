@@ -25,7 +25,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -90,6 +90,7 @@ class State(BaseModel):
     firing: list[str] = []  # alerts about the ranks together whose episode is on
     aggregate_run: str = ""  # the aggregate's run, that ``aggregate`` is of; empty: aggregate/<instance>
     facts: dict[str, RankFacts] = {}  # rank -> what its start-up lines stated so far
+    sinks: dict[str, dict[str, Any]] = {}  # sink name -> what its sync() returned (sidecar.output.sink)
 
 
 def instance_name(raw: str) -> str:

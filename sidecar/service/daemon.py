@@ -52,6 +52,7 @@ what was deleted is written again and nothing twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,7 @@ from sidecar.following.waker import Waker
 from sidecar.following.wakeup import WakeUp
 from sidecar.output.event_file import OutputLost
 from sidecar.output.lock import hold
+from sidecar.output.sink import Sink
 from sidecar.service.config import SidecarConfig
 from sidecar.service.engine_settings import alert_command, settings_from
 from sidecar.service.notify import Notifier
@@ -70,7 +72,7 @@ from sidecar.service.status import Decisions, Described, Waiting, status_line
 
 if TYPE_CHECKING:
     from sidecar.output.upload import Uploader
-    from sidecar.service.metrics import EngineCollector
+    from sidecar.service.metrics import EngineCollector, TrainingGauges
     from sidecar.service.remote_write import RemoteWrite
 
 log = logging.getLogger(__name__)
@@ -88,13 +90,18 @@ class MetricsUnavailable(Exception):
     """``--metrics-port`` cannot be served (in use, bad host): a misuse, not an output failure."""
 
 
-def run_daemon(config: SidecarConfig, clock: Clock = SYSTEM, wake: Waker | None = None,
+def run_daemon(config: SidecarConfig, sinks: Sequence[Sink] = (), clock: Clock = SYSTEM, wake: Waker | None = None,
                requests: Requests | None = None, uploader: Uploader | None = None) -> int:
     """The loop, on the process's clock, file events and signals; a test passes a
     :class:`~sidecar.following.clock.FakeClock`, a :class:`~sidecar.following.waker.ManualWaker`
-    and its own :class:`Requests` (then no signal handler is installed) and steps it."""
+    and its own :class:`Requests` (then no signal handler is installed) and steps it. ``sinks``: outputs
+    besides TensorBoard and the training gauges (:mod:`sidecar.output.sink`)."""
     on_alert = alert_command(config)
-    settings = settings_from(config, live=True, on_alert=on_alert)
+    settings = settings_from(config, live=True, on_alert=on_alert, sinks=sinks)
+    settings.clock = clock
+    gauges = _gauges(config)
+    if gauges is not None:
+        settings.sinks.append(gauges)
     engine = Engine(settings)
     notifier = Notifier()
     if wake is None:
@@ -102,7 +109,7 @@ def run_daemon(config: SidecarConfig, clock: Clock = SYSTEM, wake: Waker | None 
     if requests is None:
         requests = Requests()
         install(requests, wake.wake)
-    collector, pusher = _publish(engine, config, notifier, wake, uploader)
+    collector, pusher = _publish(engine, config, notifier, wake, gauges, uploader)
     others = [o for o in (pusher, uploader) if o is not None]  # what the status line shows beside the engine
     waiting = Waiting(config.paths, config.wait_grace, clock.monotonic())
     try:
@@ -139,15 +146,24 @@ def run_daemon(config: SidecarConfig, clock: Clock = SYSTEM, wake: Waker | None 
     return 0
 
 
-def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Waker,
+def _gauges(config: SidecarConfig) -> TrainingGauges | None:
+    """The training gauges' sink, when metrics are served or pushed."""
+    if config.metrics_port is None and config.remote_write is None:
+        return None
+    from sidecar.service.metrics import TrainingGauges
+
+    return TrainingGauges()
+
+
+def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Waker, gauges: TrainingGauges | None,
              uploader: Uploader | None) -> tuple[EngineCollector | None, RemoteWrite | None]:
     """The one registry that ``--metrics-port`` serves and ``--remote-write`` pushes, when either is on."""
-    if config.metrics_port is None and config.remote_write is None:
+    if gauges is None:
         return None, None
     from sidecar.service.metrics import registry_for, serve
 
     job = config.job or config.bucket or str(config.out.resolve())
-    collector, registry = registry_for(engine, job)
+    collector, registry = registry_for(engine, job, gauges)
     if uploader is not None:
         from sidecar.service.bucket_out import BucketCollector
 

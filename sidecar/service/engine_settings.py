@@ -8,12 +8,17 @@ that has not reported it ``aggregate_timeout`` seconds after its first report.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sidecar.engine import Settings
+from sidecar.output.sink import Sink
 from sidecar.service.alert_command import AlertCommand
 from sidecar.service.config import SidecarConfig
 
 
-def settings_from(config: SidecarConfig, live: bool, on_alert: AlertCommand | None = None) -> Settings:
+def settings_from(config: SidecarConfig, live: bool, on_alert: AlertCommand | None = None,
+                  sinks: Sequence[Sink] = ()) -> Settings:
+    """The engine's settings; ``sinks``: outputs besides TensorBoard (:mod:`sidecar.output.sink`)."""
     return Settings(
         out=config.out,
         roots=config.paths,
@@ -35,6 +40,7 @@ def settings_from(config: SidecarConfig, live: bool, on_alert: AlertCommand | No
         every=config.every,
         metrics=config.metrics,
         max_file_bytes=int(config.max_event_file_mb * (1 << 20)) if config.max_event_file_mb else None,
+        sinks=list(sinks),
     )
 
 

@@ -25,7 +25,7 @@ import platform
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler
 from socketserver import TCPServer, ThreadingMixIn
 from typing import TypeVar
@@ -37,9 +37,11 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from parsers import tags
 from parsers.lifecycle import Lifecycle
+from parsers.records import Record
 from sidecar import __version__
 from sidecar.analysis.accounting import Reason
 from sidecar.engine import Engine
+from sidecar.output.sink import SinkState
 from sidecar.service.notify import Notifier
 
 # tag -> (metric name after mstb_sidecar_training_, help); iteration-time is exported in seconds
@@ -58,10 +60,48 @@ ALERT_HOLD = 60.0  # a NaN that lasted one step must still reach a Prometheus sc
 STALE_AFTER = 30.0  # without a systemd watchdog: three of the main loop's longest waits (10 s)
 
 
+class TrainingGauges:
+    """The per-rank training gauges (:data:`TRAINING_GAUGES`), a sink (:mod:`sidecar.output.sink`):
+    the values of each rank's latest training step written to its run (with ``--every``, the
+    latest kept). Points read again after a restart are older than what comes next: ignored, and
+    nothing is kept across restarts (a gauge shows what this process read)."""
+
+    name = "training-gauges"
+
+    def __init__(self) -> None:
+        self.latest: dict[int, dict[str, float]] = {}  # rank -> tag -> value
+
+    def restore(self, state: SinkState | None) -> None:
+        """Nothing to restore (see the class docstring)."""
+
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+        if rank is not None and record.training_step and not again:
+            self.latest[rank] = {tag: value for tag, value in record.scalars.items() if tag in TRAINING_GAUGES}
+
+    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
+        """A gauge shows the latest value, whatever its step."""
+
+    def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:
+        """Not a gauge."""
+
+    def flush(self) -> None:
+        """Read when scraped: nothing to flush."""
+
+    def sync(self) -> SinkState | None:
+        return None
+
+    def health(self) -> Mapping[str, int]:
+        return {}
+
+    def close(self) -> None:
+        """Nothing is open."""
+
+
 class EngineCollector(Collector):
-    def __init__(self, engine: Engine, job: str) -> None:
+    def __init__(self, engine: Engine, job: str, gauges: TrainingGauges) -> None:
         self.engine = engine
         self.job = job
+        self.gauges = gauges
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         engine = self.engine
@@ -128,10 +168,9 @@ class EngineCollector(Collector):
                 step.add_metric(key, watch.last_step)
             if watch.arrived is not None:
                 since.add_metric(key, max(now - watch.arrived, 0.0))
-            for tag, family in families.items():
-                value = watch.latest.get(tag)
-                if value is not None:
-                    family.add_metric(key, value / 1000.0 if tag == tags.ITERATION_TIME else value)
+        for rank, latest in sorted(self.gauges.latest.items()):
+            for tag, value in latest.items():
+                families[tag].add_metric([self.job, str(rank)], value / 1000.0 if tag == tags.ITERATION_TIME else value)
         yield step
         yield since
         yield self._lifecycle(engine)
@@ -225,10 +264,10 @@ def _family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
     return family, sockaddr[0]
 
 
-def registry_for(engine: Engine, job: str) -> tuple[EngineCollector, CollectorRegistry]:
-    """The one registry that ``/metrics`` serves and ``--remote-write`` pushes; the daemon points
-    the returned collector at a new engine if it starts over."""
-    collector = EngineCollector(engine, job)
+def registry_for(engine: Engine, job: str, gauges: TrainingGauges) -> tuple[EngineCollector, CollectorRegistry]:
+    """The one registry that ``/metrics`` serves and ``--remote-write`` pushes (``gauges``: a sink
+    of the engine's); the daemon points the returned collector at a new engine if it starts over."""
+    collector = EngineCollector(engine, job, gauges)
     registry = CollectorRegistry()
     registry.register(collector)
     return collector, registry

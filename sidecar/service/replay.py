@@ -16,11 +16,13 @@ import gc
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 from sidecar.engine import Engine
 from sidecar.output.event_file import OutputLost
+from sidecar.output.sink import Sink
 from sidecar.service.config import SidecarConfig
 from sidecar.service.engine_settings import alert_command, settings_from
 from sidecar.service.interrupt import SAVED, CtrlC
@@ -68,11 +70,12 @@ def _replay_here(engine: Engine, bar: Any, checkpoint_every: float) -> None:
     engine.end_of_input()
 
 
-def run_replay(config: SidecarConfig, alert_exit: int) -> int:
-    """0, or ``alert_exit`` when an alert that ``--fail-on`` names was raised."""
+def run_replay(config: SidecarConfig, alert_exit: int, sinks: Sequence[Sink] = ()) -> int:
+    """0, or ``alert_exit`` when an alert that ``--fail-on`` names was raised. With ``sinks``, in
+    one process (:func:`replay_workers.shares`)."""
     started = time.monotonic()
     on_alert = alert_command(config)
-    settings = settings_from(config, live=False, on_alert=on_alert)
+    settings = settings_from(config, live=False, on_alert=on_alert, sinks=sinks)
     engine = Engine(settings)
     try:
         engine.scan()

@@ -54,7 +54,9 @@ Used when it pays and is safe: ``--jobs`` above 1 (unset: the cores this process
 only for at least :data:`PARALLEL_FROM` bytes to read), two or more ranks, every file's rank named
 by its path (a combined stream's labels can name any rank), no ``--rank-pattern``, no MindSpore
 summaries (their runs are not a rank's), ``--every 1`` (thinning keeps the steps of alerts, and
-divergence is judged in the parent).
+divergence is judged in the parent), no sinks besides TensorBoard (:attr:`Settings.sinks
+<sidecar.engine.Settings.sinks>`: a sink is one object with one part of the checkpoint and, often,
+one connection; forked copies would each send a share and save a part that knows only it).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def shares(engine: Engine, jobs: int | None, every: int) -> list[set[int]] | Non
     """The ranks of each worker, or ``None`` to replay in this process (see the module docstring).
     ``jobs``: ``--jobs``; unset, the usable cores, and only for inputs of :data:`PARALLEL_FROM`."""
     wanted = jobs or len(os.sched_getaffinity(0))
-    if wanted < 2 or every != 1 or engine.summaries.files or engine.settings.rank_pattern:
+    if wanted < 2 or every != 1 or engine.summaries.files or engine.settings.rank_pattern or engine.settings.sinks:
         return None
     if not all(source.candidate.ranked for source in engine.sources.values()):
         return None

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -295,6 +296,20 @@ def all_written(out: Path, logs: Iterable[RankLog]) -> bool:
     for log in logs:
         got = set(raw_run(out / f"rank_{log.rank}").points)
         if not set(log.expected.items()) <= got:
+            return False
+    return True
+
+
+def checkpointed(state: Path, paths: Iterable[Path]) -> bool:
+    """Does the checkpoint ``state`` hold every file of ``paths`` read to its end (by identity,
+    as the sidecar follows them), i.e. is nothing read left unsaved?"""
+    try:
+        held = {(f["dev"], f["ino"]): f["offset"] for f in json.loads(state.read_bytes())["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # none yet
+    for path in paths:
+        st = path.stat()
+        if held.get((st.st_dev, st.st_ino)) != st.st_size:
             return False
     return True
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from live_helpers import LiveEnv, SteadyWriter, all_written, wait_until
+from live_helpers import LiveEnv, SteadyWriter, all_written, checkpointed, wait_until
 
 pytest_plugins = ["live_helpers"]
 
@@ -145,6 +145,23 @@ def test_sigkill_long_after_the_last_checkpoint(live: LiveEnv) -> None:
     for log in logs:
         log.step(5)
     live.finish(sidecar, logs)
+
+
+@pytest.mark.parametrize("wake_mode", ["inotify"])
+def test_steps_read_soon_after_a_checkpoint_are_checkpointed_when_the_next_is_due(live: LiveEnv) -> None:
+    """With file events an idle loop sleeps until an event or the 10 s reconcile. Steps read
+    within --checkpoint-interval of the last checkpoint are saved when the next one is due, not
+    at the reconcile (before, they waited for it: a SIGKILL meanwhile re-read 10 s of log, and an
+    idle sidecar's costliest round, a checkpoint of every run, came 10 s after its last read)."""
+    log = live.info_log(0)
+    log.step(5)
+    sidecar = live.sidecar("--checkpoint-interval", "1").start()
+    wait_until(lambda: checkpointed(live.state_file(), [log.path]), 10, "the first checkpoint")
+    log.step(5)  # read at once, within the interval
+    wait_until(lambda: all_written(live.out, [log]), 5, "the steps after it")
+    # due 1 s after the last checkpoint; the reconcile comes 10 s after the read
+    wait_until(lambda: checkpointed(live.state_file(), [log.path]), 5, "their checkpoint")
+    live.finish(sidecar, [log])
 
 
 def test_a_storm_of_signals_neither_hangs_nor_kills_it(live: LiveEnv) -> None:

@@ -15,6 +15,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from live_helpers import LiveEnv, tb_points, tb_text_steps, wait_until
 from sidecar.cli import main
+from sidecar.output.run_meta import RunMetadata
 from outputs import assert_same_outputs, read_run
 from tb_read import scalars, texts
 from tb_server import tensorboard
@@ -291,3 +292,18 @@ def _held(live: LiveEnv) -> int:
         return int(json.loads(live.state_file().read_text())["files"][0]["offset"])
     except (OSError, ValueError, KeyError, IndexError):
         return -1
+
+
+def test_a_checkpoint_holds_the_configuration_read_since_the_last_one(tmp_path: Path) -> None:
+    """A rank's configuration is serialised for a checkpoint again only when it changed (1,024
+    unchanged ones made most of an idle sidecar's checkpoint); what a rank stated after one
+    checkpoint is in the next, and a restart takes it back."""
+    meta = RunMetadata()
+    meta.note(0, {"model": "llama", "lr_schedule": {"warmup_steps": 10.0}})
+    first = meta.snapshot()["0"].config
+    assert meta.snapshot()["0"].config is first  # unchanged: the same text
+    meta.note(0, {"lr_schedule": {"total_steps": 200.0}, "world_size": 8})
+    again = RunMetadata()
+    again.load(0, meta.snapshot()["0"], tmp_path)
+    assert again.config(0).lr_schedule == {"warmup_steps": 10.0, "total_steps": 200.0}
+    assert again.config(0) == meta.config(0) and again.batch(0) == (None, 8)

@@ -44,9 +44,10 @@ back to the facts in ``run.json`` (:meth:`RunMetadata.restore`).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -86,6 +87,16 @@ class _RankMeta:
     segment_wall: float | None = None
     last_step: int | None = None
     batch: tuple[int | None, int | None] = (None, None)  # global batch size, world size
+    saved: tuple[RunConfig, str] | None = None  # a copy of the config last checkpointed, and its JSON
+
+    def config_json(self) -> str:
+        """The config as JSON text for the checkpoint, made again only when it changed: an idle
+        checkpoint of 1,024 ranks spent most of its time re-serialising unchanged configs."""
+        if self.saved is None or self.saved[0] != self.config:
+            config = copy.deepcopy(self.config)  # kept to compare with; asdict would copy it again
+            values = {f.name: getattr(config, f.name) for f in fields(config)}
+            self.saved = (config, json.dumps(values, default=str, ensure_ascii=False))
+        return self.saved[1]
 
 
 class MetaState(BaseModel):
@@ -163,7 +174,7 @@ class RunMetadata:
         """Every rank's metadata (of ``ranks``, if given) for the checkpoint."""
         return {
             str(rank): MetaState(
-                config=json.dumps(asdict(meta.config), default=str, ensure_ascii=False),
+                config=meta.config_json(),
                 job_dump=meta.config.dump is not None and meta.config.dump is self._job_dump,
                 dirty=meta.dirty, card_step=meta.card_step, due_step=meta.due_step, segment_step=meta.segment_step,
                 segment_wall=meta.segment_wall, last_step=meta.last_step)

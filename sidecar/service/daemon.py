@@ -9,7 +9,8 @@ reading, and offsets only advance past what was written. Each iteration:
     (write) -> checkpoint (every --checkpoint-interval, after a read or an alert: fsync, then
     state) -> ping the watchdog
     -> wait for a file event (10 s reconcile) or, polling, --poll-interval; never longer than
-    the companion wait while a record is held (a head whose bar never comes is still due)
+    the companion wait while a record is held (a head whose bar never comes is still due), nor
+    past the next checkpoint while what was read is in none (not until the reconcile)
 
 With file events, a round that read everything there was waits for the next event rather than
 looking again (events that came meanwhile end the wait at once), and the next read comes no
@@ -279,6 +280,8 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Waker
                 wait = wait if due is None else min(wait, due + 0.05)
             if notifier.enabled and stale:
                 wait = min(wait, next_notify - now)  # systemd's status is brought up to date once quiet
+            if dirty:  # what was read since the last checkpoint is saved when it is due, not at the reconcile
+                wait = min(wait, next_checkpoint - now)
             wake.wait(max(0.0, min(wait, next_status - now)))
 
 

@@ -116,7 +116,8 @@ def run_daemon(config: SidecarConfig, sinks: Sequence[Sink] = (), clock: Clock =
     try:
         engine.scan()
         log.info("watching %s (%s) -> %s; %d file(s) so far",
-                 ", ".join(map(str, config.paths)), wake.mode, config.out, len(engine.sources))
+                 ", ".join(map(str, config.paths)), wake.mode,
+                 f"{config.bucket} (staged in {config.out})" if config.bucket else config.out, len(engine.sources))
         notifier.ready(status_line(engine, waiting.missing, others))
         if pusher is not None:
             pusher.start()

@@ -51,13 +51,15 @@ HARDENED = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivileg
             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def manifests() -> list[tuple[str, dict[str, Any]]]:
-    """(file name, object) of every object in deploy/kubernetes/*.yaml but the kustomization."""
-    return [(path.name, doc) for path in sorted(DEPLOY.glob("*.yaml")) if path.name != "kustomization.yaml"
+def manifests(directory: Path = DEPLOY) -> list[tuple[str, dict[str, Any]]]:
+    """(file name, object) of every object in ``directory``/*.yaml but the kustomization."""
+    return [(path.name, doc) for path in sorted(directory.glob("*.yaml")) if path.name != "kustomization.yaml"
             for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
 MANIFESTS = manifests()
+BUCKET_DIR = DEPLOY / "object-storage"  # the variant that writes the runs to a bucket
+BUCKET_MANIFESTS = manifests(BUCKET_DIR)
 
 
 def one(kind: str, name: str | None = None) -> dict[str, Any]:
@@ -65,16 +67,16 @@ def one(kind: str, name: str | None = None) -> dict[str, Any]:
     return found
 
 
-def pod_templates() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def pod_templates(docs: list[tuple[str, dict[str, Any]]] = MANIFESTS) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """(workload, its pod template) of every Job and Deployment."""
-    for _, doc in MANIFESTS:
+    for _, doc in docs:
         if doc["kind"] in ("Job", "Deployment"):
             yield doc, doc["spec"]["template"]
 
 
-def containers() -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+def containers(docs: list[tuple[str, dict[str, Any]]] = MANIFESTS) -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
     """(workload, pod template, container) of every container and init container."""
-    for workload, template in pod_templates():
+    for workload, template in pod_templates(docs):
         for container in [*template["spec"].get("initContainers", []), *template["spec"]["containers"]]:
             yield workload, template, container
 
@@ -111,9 +113,9 @@ def expand(words: list[str], container: dict[str, Any], workload: dict[str, Any]
     return [re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", one_ref, word) for word in words]
 
 
-def argv(name: str) -> list[str]:
+def argv(name: str, docs: list[tuple[str, dict[str, Any]]] = MANIFESTS) -> list[str]:
     """The expanded ``command + args`` of the container ``name``."""
-    [(workload, container)] = [(w, c) for w, _, c in containers() if c["name"] == name]
+    [(workload, container)] = [(w, c) for w, _, c in containers(docs) if c["name"] == name]
     return expand([*container.get("command", []), *container.get("args", [])], container, workload)
 
 
@@ -129,7 +131,8 @@ def validate(doc: dict[str, Any]) -> None:
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
 
-@pytest.mark.parametrize("doc", [doc for _, doc in MANIFESTS], ids=[f"{f}: {d['kind']}/{d['metadata']['name']}" for f, d in MANIFESTS])
+@pytest.mark.parametrize("doc", [doc for _, doc in MANIFESTS + BUCKET_MANIFESTS],
+                         ids=[f"{f}: {d['kind']}/{d['metadata']['name']}" for f, d in MANIFESTS + BUCKET_MANIFESTS])
 def test_every_manifest_validates(doc: dict[str, Any]) -> None:
     validate(doc)
 
@@ -168,7 +171,8 @@ def test_every_sidecar_command_parses_and_configures() -> None:
 def test_docs_kubernetes_shows_the_manifests_commands() -> None:
     """docs/kubernetes.md's ``mstb-sidecar`` commands are the containers' commands as written."""
     shown = sorted(args for doc, args, _ in COMMANDS if doc == "docs/kubernetes.md")
-    written = sorted([*c["command"][1:], *c["args"]] for _, _, c in containers() if c["command"][0] == "mstb-sidecar")
+    written = sorted([*c["command"][1:], *c["args"]] for _, _, c in [*containers(), *containers(BUCKET_MANIFESTS)]
+                     if c["command"][0] == "mstb-sidecar")
     assert shown == written
 
 
@@ -237,9 +241,10 @@ def test_the_job_aggregate_is_one_writer() -> None:
     assert configure(argv("mstb-sidecar")[1:]).aggregate is False
 
 
-@pytest.mark.parametrize("name", [c["name"] for _, _, c in containers() if c["image"] == "mstb-sidecar"])
-def test_every_container_of_the_image_is_hardened_and_sized(name: str) -> None:
-    [(template, container)] = [(t, c) for _, t, c in containers() if c["name"] == name]
+@pytest.mark.parametrize("docs", [MANIFESTS, BUCKET_MANIFESTS], ids=["shared-volume", "object-storage"])
+@pytest.mark.parametrize("name", sorted({c["name"] for _, _, c in containers() if c["image"] == "mstb-sidecar"}))
+def test_every_container_of_the_image_is_hardened_and_sized(name: str, docs: list[tuple[str, dict[str, Any]]]) -> None:
+    [(template, container)] = [(t, c) for _, t, c in containers(docs) if c["name"] == name]
     assert {k: container["securityContext"].get(k) for k in HARDENED} == HARDENED
     resources = container["resources"]
     assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
@@ -332,3 +337,57 @@ def urlopen_text(url: str) -> str:
 def peak_rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1])
+
+
+# -- object-storage/: the same job with its runs in a bucket ------------------------------------------
+
+
+def test_the_object_storage_kustomization_lists_every_manifest_and_image() -> None:
+    kustomization = yaml.safe_load((BUCKET_DIR / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted({file for file, _ in BUCKET_MANIFESTS})
+    assert {c["image"] for _, _, c in containers(BUCKET_MANIFESTS)} == {i["name"] for i in kustomization["images"]}
+
+
+def test_the_object_storage_commands_write_to_one_bucket_prefix_staged_in_a_writable_volume() -> None:
+    """Each ``mstb-sidecar`` command parses and configures with ``--out s3://``; the node sidecars and
+    the aggregate share the job's prefix, TensorBoard reads the bucket; each stages in a volume of
+    its own pod (the root filesystem is read-only), and nothing mounts the shared claim."""
+    bucket = {"mstb-sidecar": "", "aggregate": ""}
+    for name in bucket:
+        args = argv(name, BUCKET_MANIFESTS)
+        config = configure(args[1:])
+        bucket[name] = str(config.bucket)
+        [(template, container)] = [(t, c) for _, t, c in containers(BUCKET_MANIFESTS) if c["name"] == name]
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        [state] = [m for m in container["volumeMounts"] if m["mountPath"] == str(config.out)]
+        assert "emptyDir" in volumes[state["name"]] and not state.get("readOnly")
+        assert config.job == "llama-pretrain"
+    assert bucket["mstb-sidecar"] == bucket["aggregate"] == "s3://mstb-runs/llama-pretrain"
+    assert configure(argv("mstb-sidecar", BUCKET_MANIFESTS)[1:]).instance == "llama-pretrain-x7k2q"
+    logdir = option(argv("tensorboard", BUCKET_MANIFESTS), "--logdir")
+    assert bucket["aggregate"].startswith(logdir + "/")
+    assert not [doc for _, doc in BUCKET_MANIFESTS if doc["kind"] == "PersistentVolumeClaim"]
+
+
+def test_the_object_storage_credentials_come_from_the_secret() -> None:
+    """Every container that talks to the bucket has the endpoint TensorBoard reads (``S3_ENDPOINT``)
+    and takes the Secret's keys, which are the ones boto3 reads; no key is written in a container."""
+    [secret] = [doc for _, doc in BUCKET_MANIFESTS if doc["kind"] == "Secret"]
+    assert set(secret["stringData"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    talking = [c for _, _, c in containers(BUCKET_MANIFESTS) if c["image"] == "mstb-sidecar"]
+    assert sorted(c["name"] for c in talking) == ["aggregate", "mstb-sidecar", "tensorboard"]
+    endpoints = set()
+    for container in talking:
+        assert container["envFrom"] == [{"secretRef": {"name": secret["metadata"]["name"]}}], container["name"]
+        env = {var["name"]: var.get("value") for var in container["env"]}
+        assert not set(env) & set(secret["stringData"]), container["name"]
+        endpoints.add(env["S3_ENDPOINT"])
+    assert len(endpoints) == 1  # the sidecars write where TensorBoard reads
+
+
+def test_the_object_storage_tensorboard_command_is_one_tensorboard_takes() -> None:
+    from tensorboard import program
+
+    board = program.TensorBoard()
+    board.configure(argv=argv("tensorboard", BUCKET_MANIFESTS))
+    assert board.flags.logdir == "s3://mstb-runs"

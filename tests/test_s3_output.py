@@ -83,9 +83,12 @@ def _environ() -> dict[str, str]:
     return dict(os.environ)
 
 
+FAULTS = {"503": (503, "SlowDown"), "500": (500, "InternalError"), "expired": (400, "ExpiredToken")}
+
+
 class Proxy:
     """An HTTP forwarder to ``port`` that a test can stop and start again (same port), make answer
-    ``mode`` (``503``: SlowDown, ``500``) instead of forwarding, or delay by ``delay`` seconds."""
+    ``mode`` (:data:`FAULTS`) instead of forwarding, or delay by ``delay`` seconds."""
 
     def __init__(self, port: int) -> None:
         self.target, self.port = port, free_port()
@@ -115,9 +118,9 @@ class Proxy:
                 time.sleep(proxy.delay)
                 if proxy.mode != "pass":
                     proxy.answered[proxy.mode] += 1
-                    code = "SlowDown" if proxy.mode == "503" else "InternalError"
+                    status, code = FAULTS[proxy.mode]
                     data = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
-                    self.send_response(int(proxy.mode))
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
@@ -388,6 +391,9 @@ def test_store_down_throttling_errors_and_slowness_are_retried_counted_and_lose_
         proxy.mode = "500"
         wait_until(lambda: _metric(port, "mstb_sidecar_bucket_failed_requests_total", reason="server-error") > 0,
                    40, "500 to be counted")
+        proxy.mode = "expired"  # the session token ran out: the credentials are read again at each try
+        wait_until(lambda: _metric(port, "mstb_sidecar_bucket_failed_requests_total", reason="credentials") > 0,
+                   40, "expired credentials to be counted")
         proxy.mode = "pass"
         marked = time.time()
         wait_until(uploaded, 60, "the upload after the errors")
@@ -406,7 +412,7 @@ def test_store_down_throttling_errors_and_slowness_are_retried_counted_and_lose_
     finally:
         sidecar.cleanup()
         proxy.mode, proxy.delay = "pass", 0.0
-    assert proxy.answered["503"] and proxy.answered["500"]
+    assert proxy.answered["503"] and proxy.answered["500"] and proxy.answered["expired"]
     assert "Traceback" not in sidecar.stderr(all_runs=True)
     _assert_bucket_shows(logs)
 

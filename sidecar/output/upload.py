@@ -276,9 +276,13 @@ class Uploader:
     def close(self, timeout: float) -> bool:
         """Stop the thread, then upload what is left within ``timeout``; True if nothing is left."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
         deadline = time.monotonic() + timeout
+        if self._thread is not None:
+            self._thread.join(timeout)  # a request under way ends by its own timeouts
+            if self._thread.is_alive():
+                log.warning("the store did not answer within %.0f s; %d byte(s) wait in %s for the next start",
+                            timeout, self.pending, self.staging)
+                return False
         while True:
             wait = self.attempt()
             if self.backoff.failures == 0 or time.monotonic() + wait > deadline:

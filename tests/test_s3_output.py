@@ -442,3 +442,46 @@ def test_aggregate_builds_the_job_view_from_the_runs_in_the_bucket(s3: Moto, tmp
     assert mean == pytest.approx(want["loss/mean"])
     assert mean[12] == pytest.approx(sum(rank * 100000 + 12 for rank in range(6)) / 6)
     assert sorted(run for run in got if run.startswith("rank_")) == [f"rank_{r}" for r in range(6)]
+
+
+class _Aggregate(Sidecar):
+    """``mstb-sidecar aggregate --out OUT`` as a subprocess."""
+
+    @property
+    def cmd(self) -> list[str]:
+        return [str(BIN), "aggregate", "--out", str(self.out), *self.extra]
+
+
+def test_a_live_aggregate_follows_what_the_nodes_upload(s3: Moto, tmp_path: Path) -> None:
+    """``aggregate --out s3://`` keeps fetching the prefix: steps the nodes upload after it started
+    reach its mean, and its own run reaches the bucket."""
+    nodes = {"node0": (0, 1), "node1": (2, 3)}
+    logs = {node: [RankLog(tmp_path / node / "output" / "log" / f"rank_{r}" / "info.log", r) for r in ranks]
+            for node, ranks in nodes.items()}
+
+    def upload(steps: int) -> None:
+        for node, node_logs in logs.items():
+            for log in node_logs:
+                log.step(steps)
+            done = replay(str(tmp_path / node / "output"), "--out", "s3://runs/job", "--state-dir",
+                          str(tmp_path / node), "--instance", node, "-q")
+            assert done.returncode == 0, done.stderr
+
+    def mean() -> dict[int, float]:
+        got = read_bucket("s3://runs/job")
+        return points(got["aggregate/job"], "loss/mean") if "aggregate/job" in got else {}
+
+    upload(5)
+    (tmp_path / "stderr-job").mkdir()
+    job = _Aggregate([], "s3://runs/job", "poll", tmp_path / "stderr-job",  # type: ignore[arg-type]
+                     "--state-dir", str(tmp_path / "job"), "--upload-interval", "0.3", "--poll-interval", "0.1")
+    try:
+        job.start(wait_ready=False)
+        upload(5)
+        want = {step: sum(rank * 100000 + step for rank in range(4)) / 4 for step in range(1, 11)}
+        wait_until(lambda: mean() == pytest.approx(want), 60, "the mean of all ten steps in the bucket", interval=1)
+        rc, _ = job.stop()
+        assert rc == 0, job.stderr()
+    finally:
+        job.cleanup()
+    assert "Traceback" not in job.stderr()

@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None, sinks: Sequence[Sink] = ()) -> int:
         if uploader is not None:
             from sidecar.service.bucket_out import close_bucket
 
-            if not close_bucket(uploader, config, replay=command == "replay" or once) and code == EXIT_OK \
-                    and (command == "replay" or once):
-                code = EXIT_WRITE  # a replay is done when the bucket holds it
+            finished = (command == "replay" or once) and code != EXIT_INTERRUPTED  # done when the bucket holds it
+            if not close_bucket(uploader, config, replay=finished) and finished and code == EXIT_OK:
+                code = EXIT_WRITE
     return code
 
 

@@ -154,7 +154,7 @@ class Uploader:
                 checkpoints[name] = signature, path.read_bytes()
         files = [(name, path, path.stat()) for name, path in self._files()]
         self.pending = sum(len(body) for _, body in checkpoints.values()) + sum(
-            st.st_size - self.sent.get(name, 0) if is_event_file(name) else
+            max(st.st_size - self.sent.get(name, 0), 0) if is_event_file(name) else
             0 if name.startswith(self._mine) or self.synced.get(name) == _signature(st) else st.st_size
             for name, _, st in files)
         pending = 0

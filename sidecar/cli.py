@@ -306,7 +306,7 @@ def _run(command: str, config: SidecarConfig, once: bool, uploader: Uploader | N
         from sidecar.service.daemon import MetricsUnavailable, run_daemon
 
         try:
-            return run_daemon(config, sinks, uploader=uploader)
+            return run_daemon(config, [*sinks, *([uploader] if uploader is not None else [])], uploader=uploader)
         except MetricsUnavailable as exc:
             parser.exit(EXIT_METRICS, f"{parser.prog}: error: {exc}\n")
     except OSError as exc:

@@ -24,6 +24,12 @@ Faults (store down, slow, 5xx, throttled, credentials expired): the round stops 
 request, which is counted by reason, and is retried after a jittered backoff; the staging
 directory is the buffer, so nothing waits in memory and the engine never waits for the network.
 What is not uploaded yet is :attr:`Uploader.pending` bytes.
+
+The live engine has it among its sinks (:mod:`sidecar.output.sink`): it takes no records (they reach
+the bucket whole, in the event files the TensorBoard sink writes) and keeps no part of the
+checkpoint (the listing is its state); :meth:`health` gives its counts. Its lifetime is the
+process's, not an engine's: :meth:`finish` ends it after the last checkpoint. Replay does not
+register it, as any sink would make a replay run in one process.
 """
 
 from __future__ import annotations
@@ -34,11 +40,14 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from parsers.records import Record
 
 from sidecar.output.bucket import REASONS, Backoff, BucketError, Entry, Store
 from sidecar.output.lease import Lease
+from sidecar.output.sink import SinkState
 from sidecar.output.state import STATE_DIR, instance_name
 from sidecar.output.tfrecord import CorruptRecord, whole_records
 
@@ -59,6 +68,8 @@ def is_event_file(name: str) -> bool:
 
 class Uploader:
     """Copies ``staging`` to ``store`` every ``interval`` seconds (see the module docstring)."""
+
+    name = "bucket"
 
     def __init__(self, store: Store, staging: Path, instance: str, interval: float, lease: Lease | None,
                  mirror: bool = False) -> None:
@@ -273,7 +284,7 @@ class Uploader:
         self.backoff.succeeded()
         return self.interval
 
-    def close(self, timeout: float) -> bool:
+    def finish(self, timeout: float) -> bool:
         """Stop the thread, then upload what is left within ``timeout``; True if nothing is left."""
         self._stop.set()
         deadline = time.monotonic() + timeout
@@ -298,6 +309,34 @@ class Uploader:
             except BucketError:
                 pass  # it expires by itself
         return done
+
+    # -- as a sink (see the module docstring) ------------------------------------------------------
+
+    def restore(self, state: SinkState | None) -> None:
+        """The bucket's listing is the upload state (:meth:`pull`)."""
+
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+        """Records go up in the event files (the checkpoint after them)."""
+
+    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
+        """The TensorBoard sink writes the resume into the event files, which go up whole."""
+
+    def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:
+        """``run.json`` goes up as a file."""
+
+    def flush(self) -> None:
+        """Uploads run on their own thread, every ``interval``."""
+
+    def sync(self) -> SinkState | None:
+        """The staging directory is this sink's spool: durable once the TensorBoard sink synced it."""
+        return None
+
+    def health(self) -> Mapping[str, int]:
+        return {**self.counts, **{f"failed-{reason}": n for reason, n in self.failures.items()},
+                "pending-bytes": self.pending}
+
+    def close(self) -> None:
+        """An engine closes its sinks; the upload goes on until :meth:`finish`."""
 
     def describe(self) -> str:
         failed = sum(self.failures.values())

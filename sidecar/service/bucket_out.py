@@ -63,7 +63,7 @@ def _why(url: str, store: Store, exc: BucketError) -> str:
 
 def close_bucket(uploader: Uploader, config: SidecarConfig, replay: bool) -> bool:
     """The last upload; True if the bucket has everything."""
-    return uploader.close(REPLAY_UPLOAD_TIMEOUT if replay else max(LAST_UPLOAD_TIMEOUT, config.drain_timeout))
+    return uploader.finish(REPLAY_UPLOAD_TIMEOUT if replay else max(LAST_UPLOAD_TIMEOUT, config.drain_timeout))
 
 
 class BucketCollector(Collector):

@@ -28,8 +28,10 @@ written or counted under a named reason (:mod:`sidecar.analysis.accounting`). Wh
 4. what later output depends on is in the checkpoint with the offsets that passed the lines it
    came from, and restored before anything is read: each rank's run metadata (so the global
    batch size and world size), the parallel layout its log stated, a head let go without its
-   bar (:mod:`parsers.assembler`). A step read again after a restart still marks where its
-   segment began and carries the layout its run may not show yet.
+   bar (:mod:`parsers.assembler`), the alert detectors (:mod:`sidecar.analysis.watch`). A step
+   read again after a restart still marks where its segment began and carries the layout its run
+   may not show yet; one written after the checkpoint is judged by the alerts again, paging no
+   one twice (:meth:`Engine._judge_again`).
 
 Ranks are read so that they reach the cross-rank aggregate together: while more than
 :data:`LEAD` steps wait there for some ranks, only those ranks' files are read (unless they have
@@ -76,7 +78,7 @@ from sidecar.analysis.aggregate import CrossRankAggregator, EarlyNotes
 from sidecar.analysis.alerts import Alert, Alerts, LifecycleChange, WatchState
 from sidecar.analysis.detectors import AlertSettings, Group
 from sidecar.analysis.parallel_layout import LAYOUT_TAG, LayoutNote
-from sidecar.analysis.sequencer import RankSequencer, Verdict
+from sidecar.analysis.sequencer import RankSequencer, Verdict, record_identity
 from sidecar.following.chains import LATE, Chain, Stream, first_record
 from sidecar.following.clock import SYSTEM, Clock
 from sidecar.following.discovery import Candidate, discover
@@ -215,6 +217,7 @@ class Rank:
         self.sequencer = RankSequencer(self.writer.max_step, self.writer.holds)
         for key, shown in self.writer.view.recent.items():
             self.sequencer.remember(key, shown)
+        self.unjudged = set(self.writer.view.recent)  # written after the checkpoint: its alert baselines have not seen them
         self.stats = RankStats()
 
 
@@ -236,7 +239,8 @@ class Engine:
         self.stats: dict[int, RankStats] = {}  # per rank, also of ranks replay workers wrote
         self.accounting = Accounting()
         self.alerts = Alerts(settings.alerts, settings.live)
-        self.alerts.sinks += [self._alert_event, *settings.alert_sinks]
+        self.alerts.writers.append(self._alert_event)
+        self.alerts.sinks += settings.alert_sinks
         self.alerts.lifecycle_sinks.append(self._lifecycle_event)
         self._restore_alerts()
         self.tensorboard = TensorBoardSink(settings.out, settings.max_file_bytes, settings.sinks)
@@ -836,6 +840,8 @@ class Engine:
             verdict = rank.sequencer.judge(record, stream.cursor)
             if verdict is not Verdict.SUPERSEDED and self.cross is not None:
                 self.cross.observe(rank_id, record, now, verdict is Verdict.RESUME)
+            if rank.unjudged and verdict in (Verdict.DUPLICATE, Verdict.SUPERSEDED):
+                self._judge_again(rank_id, rank, record, now, verdict is Verdict.DUPLICATE)
             if verdict is Verdict.DUPLICATE:
                 self.accounting.drop(rank_id, Reason.DUPLICATE)
                 # read again after a restart: what the step began, the run may not show yet
@@ -898,6 +904,17 @@ class Engine:
         elif not record.training_step:
             self.accounting.drop(rank_id, Reason.DUPLICATE)
 
+    def _judge_again(self, rank_id: int, rank: Rank, record: Record, now: float, shown: bool) -> None:
+        """A record its run holds (``shown``, or superseded since), written after the checkpoint the
+        alert baselines come from (read again after a kill): judged again, once, so they are where
+        an uninterrupted run's are; what it raises was paged before (``again``). A superseded one
+        is no longer the ranks' step: not compared across ranks."""
+        key = record_identity(record)
+        if key in rank.unjudged:
+            rank.unjudged.discard(key)
+            compared = self.cross.compared_ranks() if self.cross is not None and shown else set()
+            self.alerts.observe(rank_id, record, now, compared, again=True)
+
     def _write_layout(self, rank: Rank, rank_id: int, record: Record) -> None:
         """The rank's parallel layout at this training step, if it changed since its run showed it."""
         note = self._layouts.get(rank_id)
@@ -924,8 +941,8 @@ class Engine:
         for key, run in self._restored.runs.items():
             if run.alerts is not None and (mine is None or int(key) in mine):
                 self.alerts.restore(int(key), run.alerts, now)
-        if self._restored.firing:
-            self.alerts.restore(-1, WatchState(firing=self._restored.firing), now)
+        if self._restored.together is not None or self._restored.firing:
+            self.alerts.restore(-1, self._restored.together or WatchState(firing=self._restored.firing), now)
 
     def _lose(self, source: Source, exc: OSError) -> None:
         self.accounting.unreadable(source.tail.path, source.candidate.rank, exc)
@@ -1035,8 +1052,8 @@ class Engine:
         for key, run_state in state.runs.items():  # but those replay workers observed, and handed over
             if key not in handed and (watch := self.alerts.snapshot(int(key))) is not None:
                 state.runs[key] = run_state.model_copy(update={"alerts": watch})
-        across = self.alerts.snapshot(-1)
-        state.firing = across.firing if across is not None else []
+        state.together = self.alerts.snapshot(-1)
+        state.firing = state.together.firing if state.together is not None else []
         for source in self.sources.values():
             file_state = self._file_state(source)
             if file_state is not None:

@@ -14,6 +14,8 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from outputs import read_run
+
 
 def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
     """tag -> {step: value} as TensorBoard's loader shows it (no downsampling)."""
@@ -29,12 +31,10 @@ def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
 
 
 def texts(run_dir: Path) -> dict[str, dict[int, str]]:
-    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
-    acc.Reload()
-    out: dict[str, dict[int, str]] = {}
-    for tag in acc.Tags()["tensors"]:
-        out[tag] = {e.step: e.tensor_proto.string_val[0].decode("utf-8", "replace") for e in acc.Tensors(tag)}
-    return out
+    """tag -> {step: text} as TensorBoard shows them: read as :func:`outputs.read_run` reads them
+    (its plugin accumulator applies a START's purge to texts; the plain one keeps them); none for
+    a run not written yet."""
+    return read_run(run_dir).texts if run_dir.is_dir() else {}
 
 
 Event = tuple[str, int, object, "float | None"]

@@ -200,3 +200,81 @@ def test_a_hung_on_alert_command_is_killed_and_never_holds_up_reading(tmp_path: 
     assert "--on-alert sleep failed for loss-spike (killed after 0.3 s)" in done.stderr
     assert took < 8, f"{took:.1f} s: four alerts at 0.3 s each, not four minutes"  # 4 alerts (2 resolved)
     assert len(scalars(tmp_path / "tb" / "rank_1")["loss"]) == STEPS
+
+
+# -- baselines across restarts (issue 26) ------------------------------------------------------------
+def spiky(spikes: set[int]):
+    """A noisy plateau with a spike at each step of ``spikes`` (the same on both ranks)."""
+    return lambda step: 9.5 if step in spikes else 2.0 + 0.01 * (step % 5)
+
+
+def alert_texts(out: Path) -> dict[int, dict[str, dict[int, str]]]:
+    return {r: {t: v for t, v in texts(out / f"rank_{r}").items() if t.startswith("alerts/")} for r in (0, 1)}
+
+
+def replay(logs: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(BIN), "replay", str(logs), "--out", str(out), *extra], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_spike_after_a_restart_is_judged_against_the_baseline_before_it(tmp_path: Path) -> None:
+    """Twenty steps replayed, then five more and a spike: the second replay judges step 25 against
+    the first twenty (their baseline is in the checkpoint), as one replay of all of them does."""
+    logs = [RankLog(tmp_path / "output" / "log" / f"rank_{r}" / "info.log", r, loss_of=spiky({25})) for r in (0, 1)]
+    for log in logs:
+        log.step(20)
+    out = tmp_path / "tb"
+    assert "ALERT" not in replay(tmp_path / "output", out).stderr
+    for log in logs:
+        log.step(20)
+    raised = alert_lines(replay(tmp_path / "output", out).stderr)
+    assert sorted(line.split(":")[:2] for line in raised) == [
+        ["ALERT loss-spike", f" rank {r}, step 25"] for r in (0, 1)] + [
+        ["RESOLVED loss-spike", f" rank {r}, step 30"] for r in (0, 1)], raised
+    replay(tmp_path / "output", tmp_path / "whole")
+    assert alert_texts(out) == alert_texts(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("wake_mode", ["inotify"])
+def test_a_spike_after_a_sigkill_is_raised_once_as_in_one_run(live: LiveEnv, tmp_path: Path) -> None:
+    """Steps 21-30 (a spike at 25, resolved at 30) are written and paged after the last checkpoint;
+    SIGKILL; the restart reads them again: judged again, paged no second time, so the spike at 40
+    is judged against the same baseline as in one run, and raised."""
+    hook, sent = tmp_path / "hook.py", tmp_path / "sent.jsonl"
+    hook.write_text(HOOK)
+    logs = [RankLog(live.output / "log" / f"rank_{r}" / "info.log", r, loss_of=spiky({25, 40})) for r in (0, 1)]
+    for log in logs:
+        log.step(20)
+    sidecar = live.sidecar("--checkpoint-interval", "600", "--on-alert", f"{sys.executable} {hook} {sent}")
+    sidecar.start()  # the first checkpoint comes at once, the next not in this test
+
+    def checkpointed() -> bool:
+        try:
+            runs = json.loads(live.state_file().read_text())["runs"]
+            return all(runs[r]["alerts"]["last_step"] == 20 for r in "01")
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    def hooked() -> list[tuple[str, str, int, int]]:
+        lines = sent.read_text().splitlines() if sent.exists() else []
+        return sorted((a["alert"], a["state"], a["rank"], a["step"]) for a in map(json.loads, lines))
+
+    wait_until(checkpointed, 15, "the first checkpoint")
+    for log in logs:
+        log.step(10)
+    wait_until(lambda: len(hooked()) == 4 and all(max(scalars(live.out / f"rank_{r}")["loss"]) == 30 for r in (0, 1)),
+               15, "the spike paged and resolved, and step 30 written")
+    sidecar.kill()
+    sidecar.start()
+    for log in logs:
+        log.step(15)
+    wait_until(lambda: len(hooked()) == 8, 15, "the second spike paged and resolved")
+    sidecar.stop()
+    assert hooked() == sorted((name, state, r, s) for r in (0, 1) for name, state, s in (
+        ("loss-spike", "firing", 25), ("loss-spike", "resolved", 30), ("loss-spike", "firing", 40),
+        ("loss-spike", "resolved", 45)))
+    assert "ALERT loss-spike: rank 0, step 25" not in sidecar.stderr()  # the restarted one's log
+    replay(live.output, tmp_path / "whole")
+    assert alert_texts(live.out) == alert_texts(tmp_path / "whole")

@@ -10,7 +10,7 @@ import pytest
 from parsers import tags
 from parsers.assembler import ERROR_TAG
 from parsers.records import Record
-from sidecar.analysis.alerts import Alert, Alerts
+from sidecar.analysis.alerts import Alert, Alerts, WatchState
 from sidecar.analysis.detectors import AlertSettings
 
 
@@ -246,3 +246,77 @@ def test_every_detector_gives_numbers_as_numbers_and_a_unit_of_its_own() -> None
     assert firing["nan-loss"].line() == "ALERT nan-loss: rank 0, step 70: loss = inf; not a finite number"
     assert firing["rank-behind"].line() == ("ALERT rank-behind: rank 1, step 60: step = 19 (threshold 10); "
                                             "19 steps behind the furthest rank (step 79)")
+
+
+def _history(n: int) -> list[tuple[int, Record]]:
+    """Two ranks: a loss spike (rank 0, step 25), a throughput drop (rank 1, 60-63), overflow
+    (rank 0, 40-52), and the ranks apart from step 70 (divergence after 10 steps)."""
+    records = []
+    for s in range(1, n + 1):
+        loss0 = 9.0 if s == 25 else 2.0 + 0.01 * (s % 3)
+        zero = step(s, loss=loss0 if s < 70 else 2.0, grad_norm=1.0 + 0.1 * (s % 4))
+        zero.overflow = 40 <= s < 53
+        one = step(s, loss=2.05 if s < 70 else 5.0, throughput=20.0 if 60 <= s < 64 else 100.0 + s % 3)
+        records += [(0, zero), (1, one)]
+    return records
+
+
+@pytest.mark.parametrize("kill_at", [21, 24, 26, 45, 58, 62, 75])
+def test_a_restart_judges_as_an_uninterrupted_run(kill_at: int) -> None:
+    """Checkpointed at step ``kill_at - 3`` (the baselines through JSON, as the state file keeps
+    them), killed at ``kill_at``, restarted: the steps written in between are judged again
+    (``again``: written to the runs, paged no second time), the rest as new. What is paged before
+    and after, and what reaches the runs, is what one uninterrupted run gives; before the
+    baselines were kept, the spike at step 25 after a restart at step 24 was never raised."""
+    settings = AlertSettings(divergence={"steps": 10})
+    whole, paged = watch(settings)
+    for rank, record in _history(90):
+        whole.observe(rank, record, 0.0)
+
+    first, first_paged = watch(settings)
+    checkpoint = kill_at - 3
+    saved: dict[int, WatchState] = {}
+    for rank, record in _history(kill_at):
+        if record.step > checkpoint and not saved:
+            saved = {r: WatchState.model_validate_json(first.snapshot(r).model_dump_json()) for r in (-1, 0, 1)}
+        first.observe(rank, record, 0.0)
+    second, second_paged = watch(settings)
+    written: list[Alert] = []
+    second.writers.append(written.append)
+    for r, state in saved.items():
+        second.restore(r, state, 0.0)
+    for rank, record in _history(90):
+        if record.step > checkpoint:
+            second.observe(rank, record, 0.0, again=record.step <= kill_at)
+    assert names(first_paged + second_paged) == names(paged)
+    assert [a for a in written if a.step > kill_at] == second_paged
+    assert names([a for a in first_paged if a.step > checkpoint]) == names([a for a in written if a.step <= kill_at])
+
+
+def test_the_baselines_of_a_thousand_ranks_are_small_and_quick_to_keep() -> None:
+    """Every detector of 1,024 ranks with full windows: the checkpoint's part stays small
+    (float32 windows, base64) and is built and serialised in well under a second."""
+    import time
+
+    alerts, _ = watch()
+    for rank in range(1024):
+        for n in range(1, 121):
+            alerts.observe(rank, step(n, loss=2.0 + 0.001 * n, grad_norm=1.0 + 0.001 * n), 0.0)
+    started = time.perf_counter()
+    text = "[" + ",".join(alerts.snapshot(rank).model_dump_json() for rank in range(1024)) + "]"
+    took = time.perf_counter() - started
+    assert len(text) < 2_000 * 1024, len(text)
+    assert took < 0.5, took
+    restored, _ = watch()
+    restored.restore(7, WatchState.model_validate_json(alerts.snapshot(7).model_dump_json()), 0.0)
+    assert list(restored.ranks[7].checks[0][2].values) == list(alerts.ranks[7].checks[0][2].values)
+
+
+def test_a_loss_beyond_float32_is_not_a_finite_loss() -> None:
+    """1e39 is finite as a double but inf in every event TensorBoard shows: the NaN/Inf alert
+    judges the value as written."""
+    alerts, seen = watch()
+    for n in range(1, 30):
+        alerts.observe(0, step(n, loss=1e39 if n == 20 else 2.0), 0.0)
+    assert names(seen) == [("nan-loss", 0, 20, False), ("nan-loss", 0, 21, True)]
+    assert seen[0].value == math.inf

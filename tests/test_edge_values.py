@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from live_helpers import BIN, LiveEnv, tb_points, wait_until
+from tb_read import texts
 
 pytest_plugins = ["live_helpers"]
 
@@ -169,3 +170,25 @@ def test_huge_integers_in_the_configuration_are_no_batch_size_and_never_end_a_re
     meta = json.loads((run / "run.json").read_text())
     assert meta["run"]["global_batch_size"] is None and meta["run"]["world_size"] is None
     assert meta["settings"]["seed"] == 10 ** 400
+
+
+@pytest.mark.parametrize("loss", ["1e39", "[1e39/1e39]", "-1e39"])
+def test_a_loss_beyond_float32_raises_the_nan_alert_as_tensorboard_shows_it(tmp_path: Path, loss: str) -> None:
+    """TensorBoard shows ``1e39`` as inf: the NaN/Inf alert judges the value as written (float32),
+    not the double the log printed, so it is raised at that step and resolved at the next."""
+    log = tmp_path / "output" / "log" / "rank_0" / "info.log"
+    log.parent.mkdir(parents=True)
+    records = []
+    for step in range(3, 8):
+        value = loss if step == 5 else "2.5"
+        records.append(f"[INFO] {_stamp(step)} {_CALLBACK} {{ Epoch:[  1/  2], step:[{step:5d}/  100], loss: {value}, "
+                       f"per_step_time: 41ms, lr: 1e-05, overflow cond: False, loss_scale: 1.0, global_norm: [1.0]\n"
+                       f"[INFO] {_stamp(step)} {_CALLBACK} {_BAR}\n")
+    log.write_bytes(_fixture_head(0) + "".join(records).encode())
+    done = subprocess.run([str(BIN), "replay", str(tmp_path / "output"), "--out", str(tmp_path / "tb")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    sign = "-" if loss.startswith("-") else ""
+    assert f"ALERT nan-loss: rank 0, step 5: loss = {sign}inf" in done.stderr, done.stderr
+    assert "RESOLVED nan-loss: rank 0, step 6" in done.stderr
+    assert sorted(texts(tmp_path / "tb" / "rank_0")["alerts/nan-loss"]) == [5, 6]

@@ -13,11 +13,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from live_helpers import BIN, RankLog, Sidecar, wait_until
+from outputs import newest_layout
 from sidecar.analysis.job_aggregate import MISSING_TAG
 from sidecar.analysis.parallel_layout import LAYOUT_TAG
 from sidecar.output.event_file import EventFileWriter, event_files
@@ -201,6 +203,24 @@ def test_a_dead_node_is_waited_for_marked_missing_and_picked_up_when_it_comes(jo
     assert rc == 0, agg.stderr()
     assert "aggregate/job was deleted; writing it again" in agg.stderr()
     assert max(raw_points(j.out / "aggregate" / "job").values()) == 1
+
+
+def test_a_step_due_at_its_timeout_is_written_then_not_at_the_next_look(job) -> None:
+    """Node 1 never writes; the job aggregate looks at the runs every 30 s but a step waits only
+    1 s for it: the loop wakes when the oldest waiting step is due and writes it, and wakes again
+    when the checkpoint that keeps it is due (2 s after the first; the layout gets the aggregate's
+    band charts then), while nothing is read."""
+    j = job(header=_PARALLEL)
+    j.steps(3, range(0, 4))
+    j.replay("node0")
+    started = time.monotonic()
+    agg = j.aggregate("--aggregate-timeout", "1", "--poll-interval", "30", "--checkpoint-interval", "2").start()
+    wait_until(lambda: len(j.mean()) == 3, 10, "the steps written at their timeout, not at the next look (30 s)")
+    assert time.monotonic() - started < 10
+    wait_until(lambda: "loss (mean, min-max band)" in [c.title for cat in newest_layout(j.out / "layout" / "job").category
+                                                       for c in cat.chart], 10, "the layout's band, at a checkpoint")
+    rc, _ = agg.stop()
+    assert rc == 0, agg.stderr()
 
 
 def _once(j: Job) -> str:

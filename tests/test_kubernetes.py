@@ -20,13 +20,13 @@ listed, every image named.
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
 import shutil
 import signal
 import subprocess
-import tomllib
 from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,6 +35,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from packaging.requirements import Requirement
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (requires-python): the same parser, which the test extra installs there
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from fidelity import load_truth
 from live_helpers import BIN, free_port, metrics, wait_until
@@ -391,3 +397,32 @@ def test_the_object_storage_tensorboard_command_is_one_tensorboard_takes() -> No
     board = program.TensorBoard()
     board.configure(argv=argv("tensorboard", BUCKET_MANIFESTS))
     assert board.flags.logdir == "s3://mstb-runs"
+
+
+def _tomllib_imports(path: Path) -> tuple[int, int]:
+    """(imports of tomllib in the file, those of them in a ``try`` whose handler imports tomli)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+
+    def imports(nodes: list[ast.stmt], name: str) -> int:
+        return sum(isinstance(n, ast.Import) and any(a.name == name for a in n.names) or
+                   isinstance(n, ast.ImportFrom) and n.module == name for node in nodes for n in ast.walk(node))
+
+    guarded = sum(imports(node.body, "tomllib") for node in ast.walk(tree) if isinstance(node, ast.Try)
+                  and any(imports(handler.body, "tomli") for handler in node.handlers))
+    return imports(tree.body, "tomllib"), guarded
+
+
+def test_the_tests_run_on_the_oldest_python_the_project_declares() -> None:
+    """``requires-python`` is >=3.10, whose standard library has no ``tomllib`` (3.11): every import
+    of it falls back to ``tomli``, which the test extra installs on 3.10 (and only there)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["requires-python"] == ">=3.10"
+    [tomli] = [r for r in map(Requirement, project["project"]["optional-dependencies"]["test"]) if r.name == "tomli"]
+    assert tomli.marker is not None and tomli.marker.evaluate({"python_version": "3.10"})
+    assert not tomli.marker.evaluate({"python_version": "3.11"})
+    sources = [p for pattern in ("sidecar/**/*.py", "parsers/**/*.py", "tests/*.py", "bench/*.py", "scripts/*.py")
+               for p in ROOT.glob(pattern)]
+    unguarded = {str(p.relative_to(ROOT)): n for p in sources for n, guarded in [_tomllib_imports(p)] if n != guarded}
+    assert not unguarded, f"imports of tomllib without the tomli fallback: {unguarded}"
+    assert _tomllib_imports(Path(__file__)) == (1, 1)
+

@@ -36,3 +36,18 @@ def test_two_replays_are_equal_and_each_kind_of_difference_is_named(tmp_path: Pa
     assert any(line.startswith("rank_1/vs_samples loss_vs_samples: steps only in expected:") for line in found), found
     assert "rank_1 loss: steps only in got: [1000] (1)" in found
     assert "rank_1 config: steps only in got: [1000] (1)" in found
+
+
+def test_texts_are_read_back_with_the_purge_of_a_resume(tmp_path: Path) -> None:
+    """A resume's START at step 5 drops a text at step 10, as TensorBoard shows it: ``tb_read.texts``
+    agrees with :func:`outputs.read_run` (texts kept through a purge would hide a text written twice)."""
+    from tb_read import texts
+
+    run = tmp_path / "rank_0"
+    writer = RunWriter(run)
+    writer.write(Record(3, 1.0, texts={"events/note": "early"}))
+    writer.write(Record(10, 2.0, texts={"events/note": "late"}))
+    writer.resume(5, 3.0, "resumed at 5")
+    writer.close()
+    assert texts(run) == read_out(tmp_path)["rank_0"].texts == {"events/note": {3: "early"},
+                                                                 "events/resume": {5: "resumed at 5"}}

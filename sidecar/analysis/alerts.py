@@ -26,11 +26,14 @@ logs a step again, and a relaunch that logs a start marker is judged from its fi
 new job is. Every change but the first start is a :class:`LifecycleChange` for the sinks.
 
 What outlives a restart (:meth:`Alerts.snapshot`, checkpointed with the offsets that passed the
-records): each rank's lifecycle and last step, and which episodes are on, so that an episode
-raised before a SIGKILL is not raised again after it, only resolved once the trouble ends (the
-detectors' baselines start over). A restarted sidecar counts a running rank's wait for its next
-step from its own start. Records read again after a restart (the run already shows them) move
-the lifecycle but raise nothing.
+records): each rank's lifecycle and last step, and every detector's state (:mod:`.baselines`:
+episodes, windows), so that a restart judges as an uninterrupted run: an episode raised before
+a SIGKILL is not raised again after it, and a spike is judged against the same baseline. A record
+a run shows that was written after the checkpoint (before a kill) is judged again (``again``):
+its verdicts go to the sinks that write the runs (:attr:`Alerts.writers`, which write nothing
+twice) but page no one a second time (the log, ``--on-alert``). Other records read again after a
+restart (the run already shows them) move the lifecycle but raise nothing. A restarted sidecar
+counts a running rank's wait for its next step from its own start.
 """
 
 from __future__ import annotations
@@ -41,21 +44,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from parsers import tags
 from parsers.assembler import ERROR_TAG
 from parsers.lifecycle import Lifecycle, lifecycle_of
 from parsers.records import Record
-from sidecar.analysis.detectors import (
-    AlertSettings,
-    DropDetector,
-    Episode,
-    Group,
-    SpikeDetector,
-    StallDetector,
-)
-from sidecar.output.state_parts import WatchState
+from sidecar.analysis.detectors import AlertSettings, Episode, Group
+from sidecar.analysis.watch import RankWatch, as_written, episodes_state, load_episodes
+from sidecar.output.state_parts import Baselines, PendingLosses, WatchState
 
 log = logging.getLogger("mstb_sidecar.alerts")
 
@@ -122,7 +118,6 @@ class LifecycleChange:
 
 Sink = Callable[[Alert], None]
 LifecycleSink = Callable[[LifecycleChange], None]
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -130,39 +125,7 @@ class _StepLosses:
     wall: float | None  # of the lowest rank with a loss there, whichever rank came last
     wall_rank: int
     losses: dict[int, float] = field(default_factory=dict)  # rank -> loss
-
-
-class RankWatch:
-    """One rank's detectors and the latest values (also the metrics endpoint's gauges)."""
-
-    def __init__(self, s: AlertSettings) -> None:
-        def on(enabled: bool, make: Callable[[], T]) -> T | None:
-            return make() if enabled else None
-
-        # (metric, its NaN episode, its spike detector), in the order they are judged
-        self.checks = [(tags.LOSS, on(s.nan.enabled, Episode), on(s.loss_spike.enabled, lambda: SpikeDetector(s.loss_spike))),
-                       (tags.GRAD_NORM, on(s.nan.enabled, Episode),
-                        on(s.grad_norm_spike.enabled, lambda: SpikeDetector(s.grad_norm_spike)))]
-        self.drop = on(s.throughput_drop.enabled, lambda: DropDetector(s.throughput_drop))
-        self.stall = on(s.stall.enabled, lambda: StallDetector(s.stall))
-        self.overflow = on(s.overflow.enabled, lambda: Episode(after=s.overflow.streak))
-        self.behind = Episode()
-        self.last_step: int | None = None
-        self.arrived: float | None = None  # monotonic time of the latest step
-        self.checkpoint_step: int | None = None
-        self.lifecycle: Lifecycle | None = None
-
-    def episodes(self) -> dict[str, Episode]:
-        """Alert name -> its episode, for those this rank judges."""
-        found = {f"nan-{metric}": nan for metric, nan, _ in self.checks if nan is not None}
-        found.update((f"{metric}-spike", spike.episode) for metric, _, spike in self.checks if spike is not None)
-        for name, detector in (("throughput-drop", self.drop), ("stall", self.stall)):
-            if detector is not None:
-                found[name] = detector.episode
-        if self.overflow is not None:
-            found["overflow"] = self.overflow
-        found["rank-behind"] = self.behind
-        return found
+    fresh: bool = False  # a loss came from a record not judged before a restart: its verdict is news
 
 
 class Alerts:
@@ -172,6 +135,7 @@ class Alerts:
         self.settings = settings or AlertSettings()
         self.live = live
         self.sinks: list[Sink] = [self._log]
+        self.writers: list[Sink] = []  # sinks that write nothing twice: they also get what is judged again
         self.lifecycle_sinks: list[LifecycleSink] = [self._log_lifecycle]
         self.counts: Counter[tuple[int, str]] = Counter()  # (rank or -1, name) -> alerts raised
         self.groups: Counter[Group] = Counter()
@@ -182,11 +146,11 @@ class Alerts:
         self._losses: dict[int, _StepLosses] = {}  # step -> the ranks' losses, for divergence
         # Where each loss goes: the divergence check here, or a replay worker's relay to the one
         # that sees every rank (sidecar.service.replay_workers).
-        self.loss_sink: Callable[[int, int, float, float | None, set[int] | None], None] = self.note_loss
+        self.loss_sink: Callable[[int, int, float, float | None, set[int] | None, bool], None] = self.note_loss
+        self._again = False  # the verdicts being emitted are of records judged again (observe's ``again``)
         self._divergence_on = self.settings.divergence.enabled
         self._loss_ranks: set[int] = set()  # ranks whose loss the divergence check has seen
         self._divergence = Episode(after=self.settings.divergence.steps, clear=self.settings.divergence.steps)
-        self._diverged = 0
 
     def watch(self, rank: int) -> RankWatch:
         entry = self.ranks.get(rank)
@@ -196,26 +160,29 @@ class Alerts:
 
     # -- per record ------------------------------------------------------------------------
     def observe(self, rank: int, record: Record, now: float, loss_ranks: set[int] | None = None,
-                seen: bool = False) -> None:
+                seen: bool = False, again: bool = False) -> None:
         """One record as written to the rank's run; ``loss_ranks``: whose loss the aggregate counts
         (``None``: every rank), or an empty set for no divergence check (no aggregate). ``seen``:
-        a record without a training step that the run already shows (read again after a restart)."""
+        a record without a training step that the run already shows (read again after a restart).
+        ``again``: a training step the run shows that was written after the checkpoint the
+        detectors were restored from: judged, but what it raises was paged before the restart."""
         watch = self.ranks.get(rank) or self.watch(rank)
         state = lifecycle_of(record)
         if state is not None:
             if state is not watch.lifecycle:
-                self._lifecycle(rank, watch, state, record, seen)
+                self._lifecycle(rank, watch, state, record, seen or again)
             if not record.training_step and watch.stall is not None:
                 watch.stall.arrived = None  # finished, died or (re)starting: no stall before the next step
         if record.texts:
             error = record.texts.get(ERROR_TAG)
-            if error is not None and self.settings.errors.enabled and not seen:
+            if error is not None and self.settings.errors.enabled and not (seen or again):
                 self._emit(Alert("error", Group.ERROR, rank, record.step, "log", None, None, error[:300],
                                  wall_time=record.wall_time))
             if tags.TEXT_CHECKPOINT in record.texts:
                 watch.checkpoint_step = record.step
         if not record.training_step:
             return
+        self._again = again
         scalars = record.scalars
         watch.last_step, watch.arrived = record.step, now
         if watch.stall is not None and self.live:
@@ -228,6 +195,7 @@ class Alerts:
             value = scalars.get(metric)
             if value is None:
                 continue
+            value = as_written(value)
             if nan is not None and not (nan.idle and isfinite(value)):
                 verdict = nan.update(not isfinite(value))
                 if verdict:
@@ -243,7 +211,7 @@ class Alerts:
         if drop is not None:
             metric = tags.THROUGHPUT if tags.THROUGHPUT in scalars else tags.MODEL_FLOPS
             value = scalars.get(metric)
-            verdict = None if value is None else drop.judge(value)
+            verdict = None if value is None else drop.judge(as_written(value))
             if verdict:
                 saved = watch.checkpoint_step
                 near = saved is not None and 0 <= record.step - saved <= CHECKPOINT_NEAR + drop.settings.steps
@@ -261,7 +229,8 @@ class Alerts:
         if self._divergence_on and (loss_ranks is None or rank in loss_ranks):
             loss = scalars.get(tags.LOSS)
             if loss is not None:
-                self.loss_sink(rank, record.step, loss, record.wall_time, loss_ranks)
+                self.loss_sink(rank, record.step, loss, record.wall_time, loss_ranks, again)
+        self._again = False
 
     def _lifecycle(self, rank: int, watch: RankWatch, state: Lifecycle, record: Record, seen: bool) -> None:
         """Move a rank's lifecycle. A record the run already shows (a copy in another file, or read
@@ -288,17 +257,20 @@ class Alerts:
                          wall_time=record.wall_time))
 
     # -- across ranks ----------------------------------------------------------------------
-    def note_loss(self, rank: int, step: int, loss: float, wall: float | None, ranks: set[int] | None) -> None:
+    def note_loss(self, rank: int, step: int, loss: float, wall: float | None, ranks: set[int] | None,
+                  again: bool = False) -> None:
         """One rank's loss at ``step``; once each of ``ranks`` (``None``: those with a loss so far) has
         one there, judge the spread. Known ranks, not those so far, make the verdict independent of
-        the order the ranks are read in."""
+        the order the ranks are read in. A verdict on losses that were all judged before a restart
+        (``again``, or restored) was paged then."""
         entry = self._losses.get(step)
         if entry is None:
             entry = self._losses[step] = _StepLosses(wall, rank)
         elif rank < entry.wall_rank:
             entry.wall, entry.wall_rank = wall, rank
+        entry.fresh = entry.fresh or not again
         losses = entry.losses
-        losses[rank] = loss
+        losses[rank] = as_written(loss)
         self._loss_ranks.add(rank)
         if len(losses) < max(len(self._loss_ranks if ranks is None else ranks), 2):
             if len(self._losses) > DIVERGENCE_STEPS:
@@ -313,11 +285,13 @@ class Alerts:
         spread, limit = finite[-1] - finite[0], max(s.abs, s.rel * abs(median))
         verdict = self._divergence.update(spread > limit)
         if verdict:
+            self._again = not entry.fresh
             ranks = sorted(sorted(losses), key=losses.__getitem__)  # ties: the lower rank
             detail = (f"loss from {finite[0]:.6g} (rank {ranks[0]}) to {finite[-1]:.6g} (rank {ranks[-1]}) "
                       f"for {s.steps} steps" if verdict == "start" else "the ranks' losses agree again")
             self._emit(Alert("divergence", Group.DIVERGENCE, None, step, "loss spread", spread, limit,
                              detail, resolved=verdict == "end", wall_time=entry.wall))
+            self._again = False
 
     def check_behind(self, front: int | None = None) -> None:
         """Judge how far each rank trails (call when reading has caught up, or at the end);
@@ -363,22 +337,37 @@ class Alerts:
         rank nothing was observed of."""
         watch = self.ranks.get(rank)
         firing = sorted(name for (key, name), on in self.active.items() if key == rank and on)
+        if rank < 0:
+            losses = [PendingLosses(step=step, wall=e.wall, wall_rank=e.wall_rank, losses=e.losses)
+                      for step, e in self._losses.items()]
+            return WatchState(firing=firing, baselines=Baselines(
+                episodes=episodes_state({"divergence": self._divergence}), losses=losses,
+                loss_ranks=sorted(self._loss_ranks)))
         if watch is None:
             return WatchState(firing=firing) if firing else None
-        return WatchState(lifecycle=watch.lifecycle, last_step=watch.last_step, firing=firing)
+        return WatchState(lifecycle=watch.lifecycle, last_step=watch.last_step, firing=firing,
+                          baselines=watch.baselines())
 
     def restore(self, rank: int, saved: WatchState, now: float) -> None:
         """A checkpointed :meth:`snapshot` of ``rank``; its open episodes stay open (not raised
         again), and a running rank's wait for its next step counts from ``now``."""
         episodes = {"divergence": self._divergence} if rank < 0 else {}
+        saved_baselines = saved.baselines
         if rank >= 0:
             watch = self.watch(rank)
             watch.lifecycle, watch.last_step = saved.lifecycle, saved.last_step
+            if saved_baselines is not None:
+                watch.load(saved_baselines)
             if saved.lifecycle is Lifecycle.RUNNING and saved.last_step is not None:
                 watch.arrived = now
                 if watch.stall is not None and self.live:
                     watch.stall.arrived = now
             episodes = watch.episodes()
+        elif saved_baselines is not None:
+            load_episodes(episodes, saved_baselines.episodes)
+            self._loss_ranks.update(saved_baselines.loss_ranks)
+            for p in saved_baselines.losses:
+                self._losses[p.step] = _StepLosses(p.wall, p.wall_rank, dict(p.losses))
         for name in saved.firing:
             episode = episodes.get(name)
             if episode is not None:
@@ -394,8 +383,12 @@ class Alerts:
     # -- sinks -----------------------------------------------------------------------------
     def _emit(self, alert: Alert) -> None:
         key = (-1 if alert.rank is None else alert.rank, alert.name)
-        self.raised += 1
         self.active[key] = not alert.resolved
+        for sink in self.writers:
+            sink(alert)
+        if self._again:
+            return  # paged before the restart
+        self.raised += 1
         if not alert.resolved:
             self.started[key] = time.monotonic()
             self.counts[key] += 1

@@ -11,7 +11,8 @@ stayed up stays alerted instead of becoming the new normal). A detector stays si
 has ``warmup`` values, and a deviation must also clear an absolute and a relative floor, so tiny
 losses late in training (0.010 -> 0.013) do not alarm. Log timestamps are never used: live
 waits are measured on the sidecar's monotonic clock, step times come from the log's own
-``iteration-time`` values.
+``iteration-time`` values. Detectors judge values as the events hold them (float32: a finite
+``1e39`` is inf, so not a finite loss). Their state is checkpointed (:mod:`.baselines`).
 """
 
 from __future__ import annotations
@@ -108,25 +109,25 @@ class Episode:
         self.clear = clear
         self.active = False
         self.idle = True
-        self._bad = 0
-        self._normal = 0
+        self.bad = 0
+        self.normal = 0
 
     def update(self, bad: bool) -> str | None:
         verdict = None
         if bad:
-            self._normal = 0
-            self._bad += 1
-            if not self.active and self._bad >= self.after:
+            self.normal = 0
+            self.bad += 1
+            if not self.active and self.bad >= self.after:
                 self.active = True
                 verdict = "start"
         else:
-            self._bad = 0
+            self.bad = 0
             if self.active:
-                self._normal += 1
-                if self._normal >= self.clear:
-                    self.active, self._normal = False, 0
+                self.normal += 1
+                if self.normal >= self.clear:
+                    self.active, self.normal = False, 0
                     verdict = "end"
-        self.idle = not self.active and not self._bad
+        self.idle = not self.active and not self.bad
         return verdict
 
 
@@ -149,7 +150,7 @@ class LevelDetector:
         self.median = math.nan
         self.threshold = math.nan
         self._refresh = max(window // 4, 1)
-        self._new = 0
+        self.new = 0
 
     def limit(self, median: float, mad: float) -> float:
         raise NotImplementedError
@@ -164,16 +165,16 @@ class LevelDetector:
             else:
                 values.append(value)
             return None
-        if self._new >= self._refresh or self.threshold != self.threshold:
+        if self.new >= self._refresh or self.threshold != self.threshold:
             self.median = median = statistics.median(values)
             mad = MAD_SCALE * statistics.median([abs(v - median) for v in values])
-            self.threshold, self._new = self.limit(median, mad), 0
+            self.threshold, self.new = self.limit(median, mad), 0
         bad = value > self.threshold if self.above else value < self.threshold
         episode = self.episode
         verdict = episode.update(bad) if bad or not episode.idle else None
         if not bad and not episode.active:
             values.append(value)
-            self._new += 1
+            self.new += 1
         return verdict
 
 
@@ -212,12 +213,16 @@ class StallDetector:
         self.episode = Episode()
         self._limit: float | None = None  # of the current step times (checked every loop round)
 
+    def reset_limit(self) -> None:
+        """The step times changed (restored from a checkpoint): the limit is taken again."""
+        self._limit = None
+
     def arrival(self, now: float, step_seconds: float | None) -> str | None:
         if step_seconds is None and self.arrived is not None:
             step_seconds = now - self.arrived
         if step_seconds is not None and math.isfinite(step_seconds) and step_seconds >= 0:
             self.step_seconds.append(step_seconds)
-            self._limit = None
+            self.reset_limit()
         self.arrived = now
         return self.episode.update(False)
 

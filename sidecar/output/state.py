@@ -1,7 +1,8 @@
 """The checkpoint: where each followed file was read to, what each run already holds, and what
 later output depends on that the lines before those offsets stated (each rank's run metadata,
 its parallel layout, the aggregate's waiting steps), and what each rank's alerts need after a
-restart (lifecycle, last step, open episodes); the parts analysis fills are typed in :mod:`sidecar.output.state_parts`.
+restart (lifecycle, last step, the detectors' episodes and baselines); the parts analysis fills are
+typed in :mod:`sidecar.output.state_parts`.
 Parts added later are absent in checkpoints written before they were kept; those load as before.
 
 Written atomically (temp file, fsync, rename, fsync of the directory), and only after the
@@ -88,6 +89,7 @@ class State(BaseModel):
     summaries: dict[str, int] = {}  # MindSpore summary file "dev:ino" -> offset
     aggregate: AggregateState | None = None  # what the cross-rank aggregate still waits for
     firing: list[str] = []  # alerts about the ranks together whose episode is on
+    together: WatchState | None = None  # the divergence check's state (None: before it was kept)
     aggregate_run: str = ""  # the aggregate's run, that ``aggregate`` is of; empty: aggregate/<instance>
     facts: dict[str, RankFacts] = {}  # rank -> what its start-up lines stated so far
     sinks: dict[str, dict[str, Any]] = {}  # sink name -> what its sync() returned (sidecar.output.sink)

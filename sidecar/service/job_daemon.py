@@ -1,9 +1,10 @@
 """``mstb-sidecar aggregate --out DIR``: the job-wide aggregate (:mod:`sidecar.analysis.job_aggregate`),
 live until SIGTERM/SIGINT, or ``--once``.
 
-Live, one thread polls every ``--poll-interval``: look for new rank runs, read a round of every
-run, write the steps that are due (complete, or late past ``--aggregate-timeout``), make them
-visible, checkpoint every ``--checkpoint-interval`` (fsync, then state), tell systemd
+Live, one thread polls every ``--poll-interval`` (and wakes when a waiting step's
+``--aggregate-timeout`` is up): look for new rank runs, read a round of every run, write the
+steps that are due (complete, or late past the timeout), make them visible, checkpoint (fsync,
+then state) at most every ``--checkpoint-interval`` once anything was read or written, tell systemd
 (``Type=notify``: READY, STATUS, watchdog pings at half of ``$WATCHDOG_USEC``). It polls rather
 than watching file events: a poll costs a directory listing and a ``stat`` per run, the node
 sidecars' files may be on a network filesystem written by other hosts, and TensorBoard itself
@@ -111,8 +112,12 @@ def _follow(job: JobAggregate, config: SidecarConfig, notifier: Notifier, wake: 
             log.info("status: %s", status)
             next_status = now + config.status_interval
         notifier.healthy()
-        if read == 0:
-            wake.wait(idle_wait)
+        if read == 0:  # wakes by the oldest waiting step's timeout, and by a checkpoint that is due
+            now = clock.monotonic()
+            wait = idle_wait
+            for due in (job.aggregator.next_due(now), next_checkpoint - now if dirty else None):
+                wait = wait if due is None else min(wait, max(due, 0.0) + 0.05)
+            wake.wait(wait)
     notifier.stopping()
     deadline = clock.monotonic() + config.drain_timeout
     while clock.monotonic() < deadline and job.pump(clock.monotonic()):

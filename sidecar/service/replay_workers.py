@@ -163,10 +163,11 @@ class Relay:
         return self.expected  # every loss goes to the parent, which knows whose loss counts
 
     # what the worker's alerts hand over
-    def loss(self, rank: int, step: int, loss: float, wall: float | None, ranks: set[int] | None) -> None:
-        """The record just observed was written with this loss: its item says so (the parent takes
-        the loss from its scalars)."""
-        self._observed[6] = True
+    def loss(self, rank: int, step: int, loss: float, wall: float | None, ranks: set[int] | None,
+             again: bool = False) -> None:
+        """The record just observed was written with this loss (or, ``again``, judged again after a
+        kill): its item says so (the parent takes the loss from its scalars)."""
+        self._observed[6] = "again" if again else "written"
 
     def alert(self, alert: Alert) -> None:
         self._add(("a", alert))
@@ -328,7 +329,7 @@ def _apply(engine: Engine, worker: _Worker, message: tuple[Any, ...]) -> int:
             if aggregator is not None:
                 aggregator.observe_step(rank, step, wall, scalars, 0.0, resumed)
                 if written and rank in (compared := aggregator.compared_ranks()):
-                    alerts.note_loss(rank, step, scalars[tags.LOSS], wall, compared)
+                    alerts.note_loss(rank, step, scalars[tags.LOSS], wall, compared, written == "again")
         elif kind == "a":
             for sink in engine.settings.alert_sinks:
                 sink(item[1])

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -214,28 +215,51 @@ def as_shown(events: dict[str, list]) -> dict[str, list]:
             else [e for e in points if not e[0].startswith("alerts/")] for run, points in events.items()}
 
 
-def goes_on(tree: Path, out: Path, jobs: str, started: float) -> None:
-    """``out``, checkpointed partway through ``tree``: the same replay goes on from there, and its
-    runs then show what one uninterrupted replay's do (:func:`as_shown`)."""
+class Long(NamedTuple):
+    """A :func:`long_tree` and what one uninterrupted replay of it shows (:func:`as_shown`)."""
+
+    tree: Path
+    shown: dict[str, list]
+
+
+def _long(base: Path, nan_at: int | None = None) -> Long:
+    tree = long_tree(base / "logs", nan_at=nan_at)
+    started = time.time()
+    assert replay_with(tree, base / "reference", "--jobs", "1").returncode == 0
+    return Long(tree, as_shown(all_events(base / "reference", (started, time.time()))))
+
+
+# Built and replayed once per module (per xdist worker): the tests only read the trees.
+@pytest.fixture(scope="module")
+def steady(tmp_path_factory: pytest.TempPathFactory) -> Long:
+    return _long(tmp_path_factory.mktemp("steady"))
+
+
+@pytest.fixture(scope="module")
+def nan_midway(tmp_path_factory: pytest.TempPathFactory) -> Long:
+    """Rank 1's loss is NaN at step 4,000, in the second read."""
+    return _long(tmp_path_factory.mktemp("nan"), nan_at=4000)
+
+
+def goes_on(long: Long, out: Path, jobs: str, started: float) -> None:
+    """``out``, checkpointed partway through ``long.tree`` since ``started``: the same replay goes
+    on from there, and its runs then show what one uninterrupted replay's do (:func:`as_shown`)."""
     offsets, _, _ = checkpoint(out)
-    assert 0 < sum(offset for _, offset in offsets) < sum(p.stat().st_size for p in tree.rglob("info.log"))
-    again = replay_with(tree, out, "--jobs", jobs)
+    assert 0 < sum(offset for _, offset in offsets) < sum(p.stat().st_size for p in long.tree.rglob("info.log"))
+    again = replay_with(long.tree, out, "--jobs", jobs)
     assert again.returncode == 0, again.stderr
     assert "does not match" not in again.stderr
-    reference = out.with_name("reference")
-    assert replay_with(tree, reference, "--jobs", "1").returncode == 0
-    clock = (started, time.time())
-    assert as_shown(all_events(out, clock)) == as_shown(all_events(reference, clock))
+    assert as_shown(all_events(out, (started, time.time()))) == long.shown
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"], ids=["one-process", "two-workers"])
 def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_on_from_there(
-        tmp_path: Path, jobs: str) -> None:
+        tmp_path: Path, jobs: str, nan_midway: Long) -> None:
     """Ctrl-C mid-replay (sent by ``--on-alert`` at rank 1's NaN, step 4,000, in the second read,
     once the aggregate has written steps and while it holds others), in one process or while the
     workers run: exit 130 with a checkpoint of what was written (the default interval saves none
     before), from which the next replay goes on."""
-    tree = long_tree(tmp_path / "logs", nan_at=4000)
+    tree = nan_midway.tree
     started = time.time()
     # A worker may be up to ten relayed batches (2,560 steps) ahead of the parent: the 4,000 steps
     # after the NaN leave time for the --on-alert command's Ctrl-C to land before the workers finish.
@@ -244,14 +268,15 @@ def test_an_interrupted_replay_checkpoints_what_it_wrote_and_the_next_one_goes_o
                         "--on-alert", f'sh -c "test -e {once} || {{ touch {once}; kill -INT $PPID; }}"')
     assert first.returncode == 130, first.stderr
     assert "interrupted: what was written is checkpointed" in first.stderr and "Traceback" not in first.stderr
-    goes_on(tree, tmp_path / "out", jobs, started)
+    goes_on(nan_midway, tmp_path / "out", jobs, started)
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"], ids=["one-process", "two-workers"])
-def test_a_killed_replay_goes_on_from_the_checkpoint_saved_on_the_way(tmp_path: Path, jobs: str) -> None:
+def test_a_killed_replay_goes_on_from_the_checkpoint_saved_on_the_way(tmp_path: Path, jobs: str,
+                                                                      steady: Long) -> None:
     """SIGKILL once a checkpoint was saved on the way (every 0.05 s here, ``--checkpoint-interval``),
     in one process or while the workers run: the next replay goes on from the last one."""
-    tree = long_tree(tmp_path / "logs")
+    tree = steady.tree
     out = tmp_path / "out"
     started = time.time()
     proc = subprocess.Popen([str(BIN), "replay", str(tree), "--out", str(out), "--jobs", jobs,
@@ -262,7 +287,7 @@ def test_a_killed_replay_goes_on_from_the_checkpoint_saved_on_the_way(tmp_path: 
         time.sleep(0.002)
     proc.kill()
     assert proc.wait(timeout=30) == -signal.SIGKILL, "the replay ended before its first checkpoint"
-    goes_on(tree, out, jobs, started)
+    goes_on(steady, out, jobs, started)
 
 
 def test_a_fallback_to_one_process_goes_on_from_the_checkpoint_saved_on_the_way(tmp_path: Path) -> None:
@@ -299,11 +324,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_workers_end_with_a_killed_replay(tmp_path: Path) -> None:
+def test_workers_end_with_a_killed_replay(tmp_path: Path, steady: Long) -> None:
     """A replay killed outright takes its workers with it, even ones that would not notice for a
     while (stopped here): otherwise they would go on writing its runs and hold the lock on --out
     they inherited, and the same command could not be run again."""
-    tree = long_tree(tmp_path / "logs")
+    tree = steady.tree
     proc = subprocess.Popen([str(BIN), "replay", str(tree), "--out", str(tmp_path / "out"), "--jobs", "2", "--quiet"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[int] = []

@@ -42,7 +42,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from parsers import tags
@@ -118,6 +118,7 @@ class LifecycleChange:
 
 Sink = Callable[[Alert], None]
 LifecycleSink = Callable[[LifecycleChange], None]
+LossSink = Callable[[int, int, float, float | None, set[int] | None, bool], None]  # rank, step, loss, wall, ranks, again
 
 
 @dataclass(slots=True)
@@ -146,11 +147,20 @@ class Alerts:
         self._losses: dict[int, _StepLosses] = {}  # step -> the ranks' losses, for divergence
         # Where each loss goes: the divergence check here, or a replay worker's relay to the one
         # that sees every rank (sidecar.service.replay_workers).
-        self.loss_sink: Callable[[int, int, float, float | None, set[int] | None, bool], None] = self.note_loss
+        self.loss_sink: LossSink = self.note_loss
         self._again = False  # the verdicts being emitted are of records judged again (observe's ``again``)
         self._divergence_on = self.settings.divergence.enabled
         self._loss_ranks: set[int] = set()  # ranks whose loss the divergence check has seen
         self._divergence = Episode(after=self.settings.divergence.steps, clear=self.settings.divergence.steps)
+
+    def relay(self, losses: LossSink, alerts: Sink, instead_of: Collection[Sink]) -> None:
+        """Hand on what is judged or told where every rank's alerts meet, in another process (a
+        replay worker's relay to its parent, :mod:`sidecar.service.replay_child`): each loss to
+        ``losses`` instead of the divergence check here, each alert to ``alerts`` instead of the
+        sinks ``instead_of`` (``--on-alert``, run once for the job). The log and the runs' text
+        events stay here, with the ranks they are about."""
+        self.loss_sink = losses
+        self.sinks = [sink for sink in self.sinks if sink not in instead_of] + [alerts]
 
     def watch(self, rank: int) -> RankWatch:
         entry = self.ranks.get(rank)

@@ -27,6 +27,7 @@ from sidecar.service.config import SidecarConfig
 from sidecar.service.engine_settings import alert_command, settings_from
 from sidecar.service.interrupt import SAVED, CtrlC
 from sidecar.service import replay_workers
+from sidecar.service.replay_protocol import WorkersFailed
 from sidecar.service.report import summary
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def run_replay(config: SidecarConfig, alert_exit: int, sinks: Sequence[Sink] = (
             if groups is not None:
                 try:
                     replay_workers.run(engine, groups, READ_BUDGET, bar.update, config.checkpoint_interval)
-                except replay_workers.WorkersFailed as exc:
+                except WorkersFailed as exc:
                     log.warning("%s; replaying in one process instead%s", exc,
                                 ", from the checkpoint saved on the way" if exc.checkpointed else "")
                     engine = Engine(settings)

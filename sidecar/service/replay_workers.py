@@ -10,9 +10,11 @@ How:
   equal bytes (all of a rank's files stay together), then forks one worker per share. A worker is
   the same engine restricted to its share (:meth:`Engine.restrict`): it reads, parses, sequences
   and writes its ranks' runs and raises their alerts.
-- What needs every rank goes to the parent through a pipe, in batches (:class:`Relay`): each
-  training step for the aggregate, marked when its loss was written (the divergence check),
-  each alert for ``--on-alert``, pipeline and world-size notes, the ranks seen, the bytes read.
+- What needs every rank goes to the parent through a pipe, in batches
+  (:class:`~sidecar.service.replay_child.Relay`; the messages are typed in
+  :mod:`sidecar.service.replay_protocol`): each training step for the aggregate, marked when its
+  loss was written (the divergence check), each alert for ``--on-alert``, pipeline and world-size
+  notes, the ranks seen, the bytes read. The worker's side is :mod:`sidecar.service.replay_child`.
 - Pace, so memory stays flat however long the logs: each worker keeps its ranks within
   :data:`~sidecar.engine.LEAD` steps of each other as one engine does (the relay answers the
   engine's "how far apart" questions from its ranks' progress); while the aggregate holds more
@@ -25,8 +27,8 @@ How:
   one checkpoint, as a one-process replay does.
 
 Checkpoints while reading, every ``--checkpoint-interval``: the parent asks each worker for its
-part (:data:`PART`), which it hands over between two reads, after the batch that covers what it
-describes (:meth:`Engine.state <sidecar.engine.Engine.state>`: its runs synced, its files' offsets
+part (:data:`~sidecar.service.replay_protocol.Word.PART`), which it hands over between two reads,
+after the batch that covers what it describes (:meth:`Engine.state <sidecar.engine.Engine.state>`: its runs synced, its files' offsets
 before any record it holds, and what its ranks' start-up lines stated: run metadata, parallel
 layout, :class:`~sidecar.output.state.RankFacts`). Once every part is in, the parent saves them
 with the aggregate as it is then, which holds at least every step the parts cover; a step read
@@ -40,7 +42,8 @@ does any other failure of a worker. The parent then stops every worker and repla
 process. Before the first checkpoint it deletes the event files this replay's processes made
 (their names carry the pid; nothing else was written yet: no checkpoint, no run metadata) and
 starts from the beginning, so the result is exactly a one-process replay's; after one, it goes on
-from that checkpoint, as after a crash (:attr:`WorkersFailed.checkpointed`).
+from that checkpoint, as after a crash
+(:attr:`~sidecar.service.replay_protocol.WorkersFailed.checkpointed`).
 
 Interrupted (Ctrl-C): the parent tells each worker to stop, which it does after its current read,
 without releasing the records it holds; it syncs its runs and hands over its part of the
@@ -65,31 +68,37 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 from pathlib import Path
-from typing import Any
 
 from parsers import tags
-from parsers.records import ParallelConfigLine, PipelineLine, Record
-from sidecar.analysis.aggregate import AGGREGATED_TAGS
+from parsers.records import PipelineLine
 from sidecar.analysis.alerts import Alert
-from sidecar.engine import LEAD, Engine, ForeignRank
-from sidecar.output.event_file import OutputLost, made_by
+from sidecar.engine import LEAD, Engine
+from sidecar.output.event_file import made_by
 from sidecar.output.state import State
 from sidecar.service.interrupt import SAVED, CtrlC
+from sidecar.service.replay_child import child
+from sidecar.service.replay_protocol import (
+    Batch,
+    Done,
+    Failed,
+    Final,
+    Front,
+    Part,
+    StepSeen,
+    ToParent,
+    ToWorker,
+    Word,
+    WorkersFailed,
+)
 
 log = logging.getLogger(__name__)
 
 PARALLEL_FROM = 8 << 20  # bytes to read below which forking costs more than it saves
-BATCH = 256  # relayed items per message: small enough to keep ranks in step, large enough to be cheap
-STOP = "stop"  # the parent's word to a worker before the end: hand over what you wrote, now
-PART = "part"  # the parent's word to a worker while it reads: your part of a checkpoint; and its answer
 STOP_WAIT = 30.0  # seconds an interrupted replay waits for its workers' parts
-_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
-
-Item = tuple[Any, ...] | list[Any]
 
 
 def shares(engine: Engine, jobs: int | None, every: int) -> list[set[int]] | None:
@@ -111,77 +120,6 @@ def shares(engine: Engine, jobs: int | None, every: int) -> list[set[int]] | Non
         i = min(range(len(groups)), key=lambda g: groups[g][0])
         groups[i] = (groups[i][0] + size, groups[i][1] | {rank})
     return [ranks for _, ranks in groups]
-
-
-class Relay:
-    """A worker's stand-in for the aggregate (:class:`~sidecar.engine.CrossRank`): it forwards
-    what needs every rank to the parent and keeps the worker's own ranks in step."""
-
-    def __init__(self, conn: Connection, ranks: set[int]) -> None:
-        self.conn = conn
-        self.expected: set[int] = set(ranks)
-        self._last: dict[int, int] = {}  # rank -> latest training step observed
-        self._items: list[Item] = []
-        self._observed: list[Any] = []  # the item of the record observed last
-        self._said_expected = 0
-        self.pumped = False
-
-    # CrossRank: what the engine hands the aggregate
-    def observe(self, rank: int, record: Record, now: float, resumed: bool = False) -> None:
-        if len(self._items) >= BATCH:  # only here: :meth:`loss` may still mark the item it adds
-            self.send(0)
-        self._last[rank] = record.step
-        scalars = record.scalars  # copied, since the engine adds derived tags to the record later (in C if it can)
-        scalars = dict(scalars) if scalars.keys() <= AGGREGATED_TAGS else {
-            tag: v for tag, v in scalars.items() if tag in AGGREGATED_TAGS}
-        self._observed = ["o", rank, record.step, record.wall_time, scalars, resumed, False]
-        self._items.append(self._observed)
-
-    def note_pipeline(self, line: PipelineLine) -> None:
-        self._add(("p", line))
-
-    def note_parallel(self, line: ParallelConfigLine) -> None:
-        self._add(("w", line))
-
-    def pending_steps(self) -> int:
-        """How far apart this worker's ranks are (the aggregate's count of waiting steps, here)."""
-        steps = self._steps()
-        return max(steps) - min(steps) if steps else 0
-
-    def waits_for(self, rank: int) -> bool:
-        steps = self._steps()
-        return bool(steps) and self._last.get(rank, -1) == min(steps)
-
-    def _steps(self) -> Iterable[int]:
-        """Each rank's latest step, -1 before its first (ranks are added to ``expected`` as found)."""
-        if len(self._last) < len(self.expected):
-            for rank in self.expected:
-                self._last.setdefault(rank, -1)
-        return self._last.values()
-
-    def compared_ranks(self) -> set[int]:
-        return self.expected  # every loss goes to the parent, which knows whose loss counts
-
-    # what the worker's alerts hand over
-    def loss(self, rank: int, step: int, loss: float, wall: float | None, ranks: set[int] | None,
-             again: bool = False) -> None:
-        """The record just observed was written with this loss (or, ``again``, judged again after a
-        kill): its item says so (the parent takes the loss from its scalars)."""
-        self._observed[6] = "again" if again else "written"
-
-    def alert(self, alert: Alert) -> None:
-        self._add(("a", alert))
-
-    def _add(self, item: Item) -> None:
-        self._items.append(item)  # rare: sent with the next batch
-
-    def send(self, read: int) -> None:
-        """Hand over what was gathered, with ``read`` more bytes done."""
-        expected = None
-        if len(self.expected) != self._said_expected:
-            expected, self._said_expected = set(self.expected), len(self.expected)
-        self.conn.send(("batch", self._items, expected, read, self.pumped))
-        self._items = []
 
 
 @dataclass
@@ -206,13 +144,6 @@ class _Checkpoints:
     saved: bool = False
 
 
-class WorkersFailed(Exception):
-    """A worker met a rank outside its share, failed or was killed: replay in one process instead,
-    from the start, or from the checkpoint saved while the workers read if ``checkpointed``."""
-
-    checkpointed = False
-
-
 def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[[int], None],
         checkpoint_every: float) -> None:
     """Replay every file with one worker per share of ``groups``; ``engine`` gets what they did.
@@ -230,7 +161,7 @@ def run(engine: Engine, groups: list[set[int]], budget: int, progress: Callable[
                 if pid == 0:
                     for fd in [parent_end.fileno()] + [w.conn.fileno() for w in workers] + [w.exited for w in workers]:
                         os.close(fd)  # only the parent talks to the other workers
-                    _child(engine, ranks, child_end, budget, parent)  # never returns
+                    child(engine, ranks, child_end, budget, parent)  # never returns
                 child_end.close()
                 workers.append(_Worker(pid, parent_end, ranks, os.pidfd_open(pid)))
             engine.hand_over()
@@ -274,11 +205,11 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
             if worker.conn not in ready:
                 continue
             message = _receive(worker)
-            if message[0] == "done":
-                worker.done, worker.last_steps = True, message[1]
+            if isinstance(message, Done):
+                worker.done, worker.last_steps = True, message.last_steps
                 continue
-            if message[0] == PART:
-                worker.part = message[1]
+            if isinstance(message, Part):
+                worker.part = message.state
                 _save_if_whole(engine, workers, checkpoints)
                 continue
             progress(_apply(engine, worker, message))
@@ -287,17 +218,17 @@ def _collect(engine: Engine, workers: list[_Worker], progress: Callable[[int], N
                 aggregator.flush_due(0.0)
         if not checkpoints.asked and time.monotonic() >= checkpoints.due and not any(w.done for w in workers):
             for worker in workers:
-                _send(worker, PART)
+                _send(worker, Word.PART)
             checkpoints.asked = True
     engine.finish()
     lasts = [step for w in workers for step in (w.last_steps or {}).values()]
     front = max(lasts) if len(lasts) >= 2 else None
     for worker in workers:
-        _send(worker, front)
+        _send(worker, Front(front))
     if aggregator is not None:
         aggregator.writer.sync()  # its fsync while the workers do theirs (the checkpoint's is then free)
     for worker in workers:
-        while (final := _receive(worker))[0] == PART:
+        while isinstance(final := _receive(worker), Part):
             pass  # it answered a request it got after its end
         _adopt(engine, final)
 
@@ -314,38 +245,34 @@ def _save_if_whole(engine: Engine, workers: list[_Worker], checkpoints: _Checkpo
     checkpoints.due = time.monotonic() + checkpoints.every
 
 
-def _apply(engine: Engine, worker: _Worker, message: tuple[Any, ...]) -> int:
+def _apply(engine: Engine, worker: _Worker, batch: Batch) -> int:
     """A worker's batch: its steps to the aggregate and the divergence check, its alerts to
     ``--on-alert``, what it learnt of the ranks and the layout. Returns the bytes it says it read."""
     aggregator, alerts = engine.aggregator, engine.alerts
-    _, items, expected, read, pumped = message
-    worker.pumped = worker.pumped or pumped
-    if aggregator is not None and expected:
-        aggregator.expected |= expected
-    for item in items:
-        kind = item[0]
-        if kind == "o":
-            _, rank, step, wall, scalars, resumed, written = item
+    worker.pumped = worker.pumped or batch.pumped
+    if aggregator is not None and batch.expected:
+        aggregator.expected |= batch.expected
+    for item in batch.items:
+        if isinstance(item, StepSeen):
             if aggregator is not None:
-                aggregator.observe_step(rank, step, wall, scalars, 0.0, resumed)
-                if written and rank in (compared := aggregator.compared_ranks()):
-                    alerts.note_loss(rank, step, scalars[tags.LOSS], wall, compared, written == "again")
-        elif kind == "a":
+                aggregator.observe_step(item.rank, item.step, item.wall, item.scalars, 0.0, item.resumed)
+                if item.written and item.rank in (compared := aggregator.compared_ranks()):
+                    alerts.note_loss(item.rank, item.step, item.scalars[tags.LOSS], item.wall, compared, item.again)
+        elif isinstance(item, Alert):
             for sink in engine.settings.alert_sinks:
-                sink(item[1])
+                sink(item)
         elif aggregator is not None:
-            (aggregator.note_pipeline if kind == "p" else aggregator.note_parallel)(item[1])
-    return read
+            (aggregator.note_pipeline if isinstance(item, PipelineLine) else aggregator.note_parallel)(item)
+    return batch.read
 
 
-def _adopt(engine: Engine, final: tuple[Any, ...]) -> None:
+def _adopt(engine: Engine, final: Final) -> None:
     """A worker's last word: its part of the checkpoint, its ranks' figures, its counts."""
-    _, part, stats, accounting, counts, groups, read, lines = final
-    engine.adopt(part, stats, accounting)
-    engine.alerts.counts.update(counts)
-    engine.alerts.groups.update(groups)
-    engine.bytes_read += read
-    engine.lines_read += lines
+    engine.adopt(final.part, final.stats, final.accounting)
+    engine.alerts.counts.update(final.counts)
+    engine.alerts.groups.update(final.groups)
+    engine.bytes_read += final.read
+    engine.lines_read += final.lines
 
 
 def _interrupted(engine: Engine, workers: list[_Worker]) -> None:
@@ -353,17 +280,17 @@ def _interrupted(engine: Engine, workers: list[_Worker]) -> None:
     docstring). Anything going wrong on the way (a worker gone, a second Ctrl-C) leaves no checkpoint."""
     try:
         for worker in workers:
-            _send(worker, STOP)
+            _send(worker, Word.STOP)
         deadline = time.monotonic() + STOP_WAIT
         for worker in workers:
             while True:
                 if not worker.conn.poll(max(deadline - time.monotonic(), 0.0)):
                     raise WorkersFailed(f"replay worker {worker.pid} did not stop in time")
                 message = _receive(worker)
-                if message[0] == "final":
+                if isinstance(message, Final):
                     _adopt(engine, message)
                     break
-                if message[0] == "batch":
+                if isinstance(message, Batch):
                     _apply(engine, worker, message)
         engine.checkpoint()
         log.warning(SAVED)
@@ -387,17 +314,17 @@ def _readable(engine: Engine, busy: list[_Worker]) -> list[_Worker]:
     return busy
 
 
-def _receive(worker: _Worker) -> tuple[Any, ...]:
+def _receive(worker: _Worker) -> ToParent:
     try:
         message = worker.conn.recv()
     except (EOFError, OSError):
         raise _gone(worker) from None
-    if message[0] == "failed":
-        raise message[1]
+    if isinstance(message, Failed):
+        raise message.error
     return message
 
 
-def _send(worker: _Worker, word: Any) -> None:
+def _send(worker: _Worker, word: ToWorker) -> None:
     try:
         worker.conn.send(word)
     except OSError:  # it ended: why, if it said so before
@@ -423,77 +350,3 @@ def _stop(worker: _Worker) -> None:
         os.waitpid(worker.pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
-
-
-def _child(engine: Engine, ranks: set[int], conn: Connection, budget: int, parent: int) -> None:
-    """A worker: its share of the replay, then its part of the result (see the module docstring)."""
-    status = 0
-    try:
-        _die_with(parent)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it too
-        relay = Relay(conn, ranks)
-        engine.restrict(ranks, relay)
-        engine.alerts.loss_sink = relay.loss
-        engine.alerts.sinks = [s for s in engine.alerts.sinks if s not in engine.settings.alert_sinks]
-        engine.alerts.sinks.append(relay.alert)  # --on-alert runs in the parent
-        stopped = False
-        while not stopped:
-            before = engine.bytes_read
-            n = engine.pump(budget, time.monotonic())
-            relay.pumped = True
-            relay.send(engine.bytes_read - before)
-            stopped = _listen(engine, conn)
-            if n == 0:
-                break
-        if not stopped:
-            engine.drain()
-            relay.send(0)
-            conn.send(("done", {r: s.last_step for r, s in engine.stats.items() if s.last_step is not None}))
-            while (front := conn.recv()) == PART:  # asked before the parent heard "done"
-                _hand_part(engine, conn)
-            if front != STOP:
-                engine.finish(front)
-        part = engine.state()
-        engine.close()
-        a = engine.alerts
-        conn.send(("final", part, engine.stats, engine.accounting, a.counts, a.groups,
-                   engine.bytes_read, engine.lines_read))
-    except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent must hear it
-        status = 1
-        try:
-            conn.send(("failed", exc if isinstance(exc, OutputLost) else WorkersFailed(_say(exc))))
-        except Exception:  # noqa: BLE001 - the parent is gone: nothing to tell
-            pass
-    finally:
-        os._exit(status)
-
-
-def _die_with(parent: int) -> None:
-    """A worker does not outlive the replay: one whose parent was killed would go on writing runs
-    and hold the lock on ``--out`` it inherited, and the next replay could not start."""
-    import ctypes  # only here: a replay in one process does not need it
-
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # gone before that
-        os._exit(1)
-
-
-def _listen(engine: Engine, conn: Connection) -> bool:
-    """A worker between two reads: hands over its part for each PART; whether the parent said STOP."""
-    while conn.poll():
-        if conn.recv() == STOP:
-            return True
-        _hand_part(engine, conn)
-    return False
-
-
-def _hand_part(engine: Engine, conn: Connection) -> None:
-    conn.send((PART, engine.state()))
-
-
-def _say(exc: BaseException) -> str:
-    if isinstance(exc, ForeignRank):
-        return f"a line of rank {exc.args[0]} is in a file of another rank"
-    return f"a replay worker failed: {exc!r}"
-
-

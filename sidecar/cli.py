@@ -76,6 +76,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         "and last point, non-finite values and alert steps (default 1: all)")
     parser.add_argument("--max-event-file-mb", type=float, metavar="MB",
                         help="start a new event file once one holds this many MiB (default: no limit)")
+    parser.add_argument("--mlflow", metavar="TRACKING_URI",
+                        help="also log every run to this MLflow tracking server, one MLflow run per run, in the "
+                        "experiment --job, e.g. http://mlflow:5000 (needs: pip install 'mstb-sidecar[mlflow]')")
     _logging(parser)
 
 

@@ -1,23 +1,37 @@
 """``--mlflow``: the runs in a real MLflow tracking server, read back with MLflow's own client.
 
 One ``mlflow server`` (SQLite backend, 127.0.0.1) for the module; each test has its experiment.
-The sink is driven directly: tags, params and lifecycle; points that wait in the spool while the
-server is down and are sent once by the next start; a segment sent in part before a kill.
+The sink is driven directly (tags, params and lifecycle; points that wait in the spool while the
+server is down and are sent once by the next start; a segment sent in part before a kill) and
+through the real command: a replay of genuine mindformers logs gives one MLflow run per
+TensorBoard run whose metric histories equal the TensorBoard curves point for point (float32, as
+the event files hold them), and a live sidecar SIGKILLed and restarted, with the server stopped
+and started again meanwhile, sends every point exactly once.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import signal
+import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from live_helpers import RankLog, Sidecar, wait_until
 from mlflow_server import MLflowServer
+from outputs import read_out, same_value
 from parsers.records import Record
 from sidecar.output.mlflow_sink import MLflowSink
 
 pytest.importorskip("mlflow")
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+BIN = Path(sys.executable).with_name("mstb-sidecar")
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +49,14 @@ def runs_of(server: MLflowServer, experiment: str) -> dict:
     if found is None:
         return {}
     return {run.info.run_name: run for run in client.search_runs([found.experiment_id], max_results=1000)}
+
+
+def f32(value: float) -> float:
+    """As an event file holds it (MLflow keeps +-inf as +-1.8e308)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def history(server: MLflowServer, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -165,3 +187,120 @@ def test_bad_uri_warns_and_keeps_the_points(tmp_path: Path, caplog: pytest.LogCa
     sink.close()
     assert sink.health()["queued"] == 1
     assert any("nonsense://nowhere" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+
+
+def test_without_the_extra_one_line_error(tmp_path: Path) -> None:
+    """``--mlflow`` where MLflow's client is not installed: exit 2 with one line naming the extra."""
+    code = ("import sys; sys.modules['mlflow'] = None; from sidecar.cli import main; "
+            f"sys.exit(main(['replay', {str(REAL / 'mf1.9-single' / 'output')!r}, '--out', {str(tmp_path)!r}, "
+            "'--mlflow', 'http://127.0.0.1:1']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'mstb-sidecar[mlflow]'" in lines[0] and "--mlflow" in lines[0]
+
+
+# -- through the command ----------------------------------------------------------------------
+def assert_as_tensorboard(server: MLflowServer, out: Path, experiment: str) -> dict:
+    """Every run under ``out`` with curves or texts is an MLflow run whose metric histories are its
+    TensorBoard curves, point for point, none repeated; returns the MLflow runs by name."""
+    tree, runs = read_out(out), runs_of(server, experiment)
+    shown = {name for name, run in tree.items() if run.scalars}
+    assert shown and shown <= set(runs), (sorted(shown), sorted(runs))
+    for name in shown:
+        run_id = runs[name].info.run_id
+        for tag, points in tree[name].scalars.items():
+            got = server.client().get_metric_history(run_id, tag)
+            steps = [m.step for m in got]
+            assert len(steps) == len(set(steps)), f"{name} {tag}: a step repeated in MLflow"
+            values = {m.step: f32(m.value) for m in got}
+            assert values.keys() == points.keys(), f"{name} {tag}: steps differ"
+            assert all(same_value(values[s], v) for s, v in points.items()), f"{name} {tag}: values differ"
+    return runs
+
+
+@pytest.mark.parametrize("name,status", [("mf1.9-dp2/output", "FINISHED"),  # ends in Training Over!
+                                         ("mf1.9-crash-noclip/stdout_stderr.log", "FAILED")])  # in a traceback
+def test_replay_real_logs(server: MLflowServer, tmp_path: Path, name: str, status: str) -> None:
+    """A replay: one MLflow run per rank (and the aggregate, the twins) equal to TensorBoard, the
+    settings as params, tagged, ended as the log ended; a second replay adds nothing."""
+    job = f"replay-{name.split('/')[0]}"
+    cmd = [str(BIN), "replay", str(REAL / name), "--out", str(tmp_path / "tb"), "--mlflow", server.uri,
+           "--job", job, "--instance", "ci", "--no-progress"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert not any(line.startswith("Traceback") for line in done.stderr.splitlines())  # the log's own is quoted
+    assert "not sent yet" not in done.stderr
+    runs = assert_as_tensorboard(server, tmp_path / "tb", job)
+    tree = read_out(tmp_path / "tb")
+    ranks = sorted(n for n in tree if n.startswith("rank_") and "/" not in n)
+    for rank in ranks:
+        run, meta = runs[rank], tree[rank].run_json
+        assert run.info.status == status
+        assert {k: run.data.tags.get(k) for k in ("rank", "instance", "config_hash")} == \
+            {"rank": rank[len("rank_"):], "instance": "ci", "config_hash": meta["config_hash"]}
+        params = run.data.params
+        assert len(params) == len(meta["settings"])
+        for key, value in meta["settings"].items():
+            assert params[key] == (value if isinstance(value, str) else json.dumps(value)), key
+        assert "events/lifecycle/" + status.lower() in run.data.tags
+    assert runs["aggregate/ci"].info.status == status
+    counts = {n: len(server.client().get_metric_history(r.info.run_id, "loss")) for n, r in runs.items()}
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert counts == {n: len(server.client().get_metric_history(r.info.run_id, "loss"))
+                      for n, r in runs_of(server, job).items()}
+
+
+def test_live_sigkill_and_server_outage(server: MLflowServer, tmp_path: Path) -> None:
+    """Live, two ranks: the sidecar is SIGKILLed and restarted while they write, the server is
+    stopped and started again meanwhile; every point reaches MLflow once, and the runs end
+    FINISHED at ``Training Over!``."""
+    logs = [RankLog(tmp_path / "output" / "log" / f"rank_{r}" / "info.log", r) for r in (0, 1)]
+    job, out = "live", tmp_path / "tb"
+    sidecar = Sidecar([tmp_path / "output"], out, "inotify", tmp_path, "--mlflow", server.uri, "--job", job,
+                      "--checkpoint-interval", "0.3")
+
+    def write(steps: int, seconds: float) -> None:
+        for _ in range(steps):
+            for log in logs:
+                log.step()
+            time.sleep(seconds / steps)
+
+    try:
+        write(40, 0.5)
+        sidecar.start()
+        write(40, 2.0)
+        sidecar.kill()  # between two checkpoints, as likely as not with points sent and not marked
+        sidecar.start()
+        write(40, 1.5)
+        server.stop()
+        write(40, 2.0)
+        sidecar.kill()  # while the server is down: the spool holds what it could not send
+        sidecar.start()
+        write(40, 1.0)
+        server.start()
+        write(40, 1.0)
+        for log in logs:
+            log.say(".........Training Over!.............")
+        wanted = {f"rank_{log.rank}": len(log.expected) for log in logs}
+
+        def all_there() -> bool:
+            runs = runs_of(server, job)
+            return all(name in runs and runs[name].info.status == "FINISHED" and
+                       len(history(server, runs[name].info.run_id, "loss")) >= count
+                       for name, count in wanted.items())
+
+        wait_until(all_there, 180, "every point and the finish in MLflow", interval=1.0)
+        rc, _ = sidecar.stop(signal.SIGTERM)
+        assert rc == 0, sidecar.stderr()
+    finally:
+        sidecar.cleanup()
+        if server.proc is None:
+            server.start()
+    assert "Traceback" not in sidecar.stderr(all_runs=True)
+    runs = assert_as_tensorboard(server, out, job)
+    for log in logs:
+        run_id = runs[f"rank_{log.rank}"].info.run_id
+        assert history(server, run_id, "loss") == sorted(log.expected.items())

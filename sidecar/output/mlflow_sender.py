@@ -1,19 +1,20 @@
 """The MLflow sink's sending thread: sealed spool segments to the tracking server, oldest first.
 
 It alone talks to the server (:class:`mlflow.MlflowClient`, imported here, in this thread: the
-engine never waits for MLflow's import or its network). Per segment, in order: the operations are
-sent in ``log_batch`` requests within MLflow's limits (1000 metrics, 100 tags, 100 params, 1000
-in all); a run is created the first time it is named, after a search for one with its
+engine never waits for MLflow's import or its network). Per segment, its operations grouped by run
+(each run's in order) are sent in ``log_batch`` requests of one run within MLflow's limits (1000
+metrics, 100 tags, 100 params, 1000 in all); a run is created the first time it is named, after a search for one with its
 ``mstb.run`` and ``instance`` tags (a kill between the creation and the saving of its id must not
-make a second run); then the segment is confirmed (:meth:`Spool.confirm`).
+make a second run); then the segment is confirmed (:meth:`Spool.confirm`). The oldest segments are
+taken together, up to :data:`BUNDLE` points: a checkpoint every few seconds makes small ones.
 
 Faults: a network error, a timeout, a 5xx or a 429 (MLflow's own retries are turned off, so the
 thread sees them at once) is retried with exponential backoff and jitter, from the batch that
 failed, for as long as it takes: the segments wait on disk, the engine goes on. Any other answer
 is final: the batch's points are counted as ``rejected`` and the first such answer is logged. A
 segment sealed before this start may have been sent in part before a kill: each of its metric
-keys' history is read from the server first and the points it holds, by (step, timestamp), are
-not sent again. Settings go as params once; a key whose value changed later keeps its first value
+keys' history is read from the server first (once, then kept up to date while such segments are
+sent) and the points it holds, by (step, timestamp), are not sent again. Settings go as params once; a key whose value changed later keeps its first value
 (MLflow forbids a change), and the tag ``mstb.settings_changed`` names it; ``settings.json``, an
 artifact, always has the latest settings in full.
 """
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 
 from sidecar import __version__
-from sidecar.output.mlflow_spool import Spool
+from sidecar.output.mlflow_spool import BUNDLE, Spool
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,11 @@ def key_for(name: str) -> str:
     return key if len(key) <= MAX_KEY else key[:MAX_KEY - 3] + "..."
 
 
-class Rejected(Exception):
-    """The server answered a request with a final refusal (4xx other than 429)."""
+def by_run(ops: list[list]) -> list[list]:
+    """A segment's operations grouped by run, each run's in their order: runs interleave step by
+    step, and a batch holds one run's."""
+    first: dict[str, int] = {}
+    return sorted(ops, key=lambda op: first.setdefault(op[1], len(first)))
 
 
 class Sender:
@@ -70,7 +74,7 @@ class Sender:
         self._last_error = ""
         self._rejection_logged = False
         self._artifact_logged = False
-        self._history: dict[tuple[str, str], set[tuple[int, int]]] = {}  # of unsure segments
+        self._history: dict[tuple[str, str], set[tuple[int, int]]] = {}  # what the server holds, while unsure
         self._wake = threading.Condition()
         self._stop = False
         self._progress = 0  # operations done: what close() watches
@@ -109,28 +113,30 @@ class Sender:
         client = None
         backoff = MIN_BACKOFF
         ops: list[list] = []
-        number, at = None, 0
+        number, at, unsure = None, 0, False
         while not self._stop:
             try:
                 if client is None:  # at once: MLflow's import takes seconds, better before the first segment
                     client = self._client()
                     self._progress += 1
                 if number is None:
-                    number = self.spool.first()
-                    if number is None:
+                    numbers = self.spool.oldest(BUNDLE)
+                    if not numbers:
                         with self._wake:
                             self._wake.wait_for(lambda: self._stop or self.spool.first() is not None, 1.0)
                         continue
-                    ops, at = self.spool.read(number), 0
-                    self._history.clear()
-                unsure = self.verify_all or number in self.spool.unsure
+                    number, at = numbers[-1], 0
+                    ops = by_run([op for n in numbers for op in self.spool.read(n)])
+                    unsure = self.verify_all or not self.spool.unsure.isdisjoint(numbers)
+                    if not unsure:
+                        self._history.clear()
                 while at < len(ops) and not self._stop:
                     at = self._step(client, ops, at, unsure)
                     self._progress += 1
+                    self._recovered()
                 if at == len(ops):
                     self.spool.confirm(number, self._ids())
                     number = None
-                self._recovered()
                 backoff = MIN_BACKOFF
             except Exception as exc:  # noqa: BLE001 - anything the client raises is a failed attempt
                 self._failed(exc)
@@ -180,15 +186,20 @@ class Sender:
                 tags[op[2]] = RunTag(key_for(op[2]), short(op[3], MAX_TAG_VALUE))
             else:
                 key, value, step, ts = (op[2], op[3], op[4], op[5]) if op[0] == "m" else (RESUME_METRIC, op[2], op[2], op[3])
-                if not (unsure and (step, ts) in self._present(client, run_id, key)):
-                    metrics.append(Metric(key_for(key), float(value), ts, step))
+                if unsure:
+                    present = self._present(client, run_id, key)
+                    if (step, ts) in present:
+                        end += 1
+                        continue
+                    present.add((step, ts))  # a later segment's copy is not sent twice either
+                metrics.append(Metric(key_for(key), float(value), ts, step))
             end += 1
         self._call(lambda: client.log_batch(run_id, metrics=metrics, tags=list(tags.values())), len(metrics))
         self.counts["sent"] += len(metrics)
         return end
 
     def _present(self, client, run_id: str, key: str) -> set[tuple[int, int]]:  # noqa: ANN001
-        """(step, timestamp) of the points ``key`` has on the server (read once per segment)."""
+        """(step, timestamp) of the points ``key`` has on the server (read once, then kept up to date)."""
         found = self._history.get((run_id, key))
         if found is None:
             found = self._history[(run_id, key)] = {(m.step, m.timestamp) for m in
@@ -243,7 +254,7 @@ class Sender:
             tags = {"mstb.run": run, "instance": self.instance, "host": socket.gethostname(),
                     "mstb.source": f"mstb-sidecar {__version__}", **({"rank": str(rank)} if rank is not None else {})}
             run_id = client.create_run(self.experiment_id, run_name=run, tags=tags).info.run_id
-        self.ids[run] = run_id
+        self.ids = {**self.ids, run: run_id}  # a new dict: sync() reads it from the engine's thread
         self.spool.save_ids(self._ids())
         return run_id
 

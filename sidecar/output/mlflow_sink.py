@@ -37,6 +37,7 @@ from parsers.records import Record
 from sidecar.output.mlflow_sender import STATUS, Sender
 from sidecar.output.mlflow_spool import Spool, digest, spool_dir
 from sidecar.output.run_meta import RUN_JSON
+from sidecar.output.run_writer import CUSTOM_SCALARS_TAG
 from sidecar.output.sink import SinkState
 
 log = logging.getLogger(__name__)
@@ -71,23 +72,28 @@ class MLflowSink:
         self._ranks: dict[str, int | None] = {}  # runs written to by this process
         self._open = False
         self._full_logged = False
+        self._ranks_status: str | None = None  # what the runs that are not one rank's follow (_follow_ranks)
 
     def restore(self, state: SinkState | None) -> None:
         """Read the spool; a checkpoint that knows segments the spool lacks means the spool was lost:
         every point is then checked against the server before it is sent."""
-        self._start()
+        if self._open:
+            return
+        self.spool.open()
         sealed = int(state.get("segment", 0)) if isinstance(state, dict) else 0
         if sealed > self.spool.upto:
             log.warning("the MLflow spool in %s is behind the checkpoint (deleted?); what is read again is "
                         "checked against the server before it is sent", self.spool.dir)
             self.sender.verify_all = True
-            if isinstance(state.get("runs"), dict) and not self.sender.ids:
-                self.sender.ids.update(state["runs"])
+            if isinstance(state.get("runs"), dict) and not self.spool.sent.get("runs"):
+                self.spool.sent = {"uri": self.uri, "experiment": state.get("experiment"), "runs": state["runs"]}
+        self._start()
 
     def _start(self) -> None:
         if not self._open:
             self._open = True
-            self.spool.open()
+            if not self.spool.opened:
+                self.spool.open()
             self.sender.start()
 
     def _run(self, run: str, rank: int | None) -> dict:
@@ -98,19 +104,24 @@ class MLflowSink:
         return self.spool.mark(run)
 
     def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+        texts = {key: text for key, text in record.texts.items() if key != CUSTOM_SCALARS_TAG}  # TensorBoard's own
+        if not record.scalars and not texts:
+            return
         marks = self._run(run, rank)
         keys, step, ts = marks["keys"], record.step, _ms(record.wall_time)
         for key, value in record.scalars.items():
             if step > keys.get(key, -1) and self._room():
                 self.spool.add(["m", run, key, float(value), step, ts])
-        for key, text in record.texts.items():
+        for key, text in texts.items():
             if step <= keys.get(key, -1):
                 continue
             self.spool.add(["t", run, key, text, step])
             status = STATUS.get(key[len(tb_tags.LIFECYCLE_PREFIX):]) if key.startswith(tb_tags.LIFECYCLE_PREFIX) else None
-            if status is not None and marks.get("status") != status:
-                self.spool.add(["s", run, status, ts])
-                self._end_aggregates(ts)
+            if status is not None:
+                self._status(run, status, ts)
+                self._follow_ranks(ts)
+        if rank is None and self._ranks_status is not None:
+            self._status(run, self._ranks_status, ts)
 
     def _room(self) -> bool:
         if self.spool.room() > 0:
@@ -122,15 +133,21 @@ class MLflowSink:
                         "it takes them", self.uri, self.spool.limit, self.sender.describe() or "it is slow")
         return False
 
-    def _end_aggregates(self, ts: int) -> None:
-        """Every rank run ended: so do the runs that are not one rank's (FAILED if a rank failed)."""
+    def _status(self, run: str, status: str, ts: int) -> None:
+        if self.spool.mark(run).get("status") != status:
+            self.spool.add(["s", run, status, ts])
+
+    def _follow_ranks(self, ts: int) -> None:
+        """The runs that are not one rank's (the aggregate, twins) end when every rank run has ended,
+        FAILED if one failed, and run again with a rank that does."""
         ranks = [self.spool.mark(run).get("status") for run, rank in self._ranks.items() if rank is not None]
-        if not ranks or any(status not in TERMINAL for status in ranks):
-            return
-        status = "FAILED" if "FAILED" in ranks else "FINISHED"
+        if ranks and all(status in TERMINAL for status in ranks):
+            self._ranks_status = "FAILED" if "FAILED" in ranks else "FINISHED"
+        else:
+            self._ranks_status = None if "RUNNING" not in ranks else "RUNNING"
         for run, rank in self._ranks.items():
-            if rank is None and self.spool.mark(run).get("status") != status:
-                self.spool.add(["s", run, status, ts])
+            if rank is None and self._ranks_status is not None:
+                self._status(run, self._ranks_status, ts)
 
     def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
         marks = self._run(run, rank)
@@ -159,11 +176,11 @@ class MLflowSink:
                 "runs": dict(self.sender.ids)}
 
     def health(self) -> Mapping[str, int]:
-        """Counts by reason, and ``queued``: points spooled, not sent yet; ``failing``: seconds the
+        """Counts by reason, and ``queued``: points spooled, not sent yet; ``seconds-failing``: how long the
         server has failed for (0 when it answers)."""
         since = self.sender.failing_since
         return {**self.counts, "queued": self.spool.limit - self.spool.room(),
-                "failing": int(time.monotonic() - since) if since is not None else 0}
+                "seconds-failing": int(time.monotonic() - since) if since is not None else 0}
 
     def close(self) -> None:
         """Send what is sealed while the server takes it (stop once it made no progress for the drain
@@ -177,3 +194,6 @@ class MLflowSink:
             log.warning("MLflow at %s: %d point(s) not sent yet (%s); they stay in %s and are sent at the next "
                         "start with this --out and --instance", self.uri, left,
                         self.sender.describe() or "the server is slow", self.spool.dir)
+        self._open = False  # a later start (a new engine after --out was deleted) opens it again
+        self.sender = Sender(self.uri, self.sender.experiment, self.sender.instance, self.spool, self.counts)
+        self._ranks.clear()

@@ -12,9 +12,10 @@ One directory per ``--instance``: ``<out>/.mstb-sidecar/mlflow-<instance>/``. Co
   kill between a seal and this write is mended at start by reading the later segments again.
   The marks are the sink's durable state: a point at or under its mark is never spooled again.
 - ``sent.json``: written by the sender thread alone: the last segment the server took whole
-  (segments are sent in order), the experiment's and each run's MLflow id. A segment after it
-  may have been sent in part before a kill: the sender checks its points against the server
-  (:attr:`Spool.unsure`). Confirmed segments are deleted.
+  (the oldest segments are sent together, up to :data:`BUNDLE` points, and confirmed together),
+  the experiment's and each run's MLflow id. At start the oldest segments, as many as one such
+  pass takes, may have been sent in part before a kill: the sender checks their points against
+  the server (:attr:`Spool.unsure`). Confirmed segments are deleted.
 
 The bound: at most ``limit`` points spooled and not confirmed (the sink counts what it refuses).
 """
@@ -35,6 +36,7 @@ from sidecar.output.state import STATE_DIR, instance_name
 log = logging.getLogger(__name__)
 
 _SEGMENT = re.compile(r"seg-(\d{10})\.(jsonl|part)")
+BUNDLE = 20_000  # points the sender takes in one pass over the oldest segments, confirmed together
 WRITE_BEHIND = 1 << 16  # bytes of operations buffered before they go to the open segment (no fsync)
 
 
@@ -76,6 +78,7 @@ class Spool:
         self.sent: dict = {}
         self._next = 1
         self.upto = 0  # the last segment sealed
+        self.opened = False
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._fd: int | None = None
@@ -85,6 +88,8 @@ class Spool:
     def open(self) -> None:
         """Read what is on disk: marks, confirmed segment, the sealed segments still to send."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.opened = True
+        self.sealed.clear()
         marks = _load(self.dir / "marks.json")
         self.marks = marks.get("runs", {}) if isinstance(marks.get("runs"), dict) else {}
         upto = int(marks.get("upto", 0))
@@ -104,7 +109,8 @@ class Spool:
             if number > upto:  # sealed, then killed before the marks were written
                 for op in ops:
                     self.note(op)
-        self.unsure = set(self.sealed)
+        # the sender confirms the oldest segments together, up to BUNDLE points: those may be sent in part
+        self.unsure = set(self.oldest(BUNDLE))
         self.upto = max(upto, confirmed, *self.sealed) if self.sealed else max(upto, confirmed)
         self._next = max(self._next, self.upto + 1)
 
@@ -181,24 +187,44 @@ class Spool:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self._buffer.clear()
+        self._buffered = 0
+        self.opened = False
+        with self.lock:
+            self._points = 0
 
     # -- the sender's side ---------------------------------------------------------------
     def first(self) -> int | None:
         with self.lock:
             return min(self.sealed, default=None)
 
+    def oldest(self, points: int) -> list[int]:
+        """The oldest sealed segments, up to ``points`` points (at least one segment, if any)."""
+        taken: list[int] = []
+        total = 0
+        with self.lock:
+            for number in sorted(self.sealed):
+                if taken and total + self.sealed[number] > points:
+                    break
+                taken.append(number)
+                total += self.sealed[number]
+        return taken
+
     def read(self, number: int) -> list[list]:
         with open(self._path(number, "jsonl"), "rb") as fh:
             return [json.loads(line) for line in fh if line.strip()]
 
     def confirm(self, number: int, sent: dict) -> None:
-        """Segment ``number`` (the oldest) is on the server whole: say so, then delete it."""
+        """The segments up to ``number`` are on the server whole: say so, then delete them."""
         self.sent = {**sent, "segment": number}
         write_atomic(self.dir / "sent.json", _json(self.sent))
         with self.lock:
-            self.sealed.pop(number, None)
-            self.unsure.discard(number)
-        self._path(number, "jsonl").unlink(missing_ok=True)
+            done = [n for n in self.sealed if n <= number]
+            for n in done:
+                del self.sealed[n]
+        self.unsure.difference_update(done)
+        for n in done:
+            self._path(n, "jsonl").unlink(missing_ok=True)
 
     def save_ids(self, sent: dict) -> None:
         """The MLflow ids learnt (a run just created): kept before anything is logged to it."""

@@ -9,6 +9,7 @@ found (not just the first), each under the name the user wrote, with a did-you-m
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 import shlex
@@ -72,6 +73,7 @@ class SidecarConfig(BaseModel):
     remote_write: str | None = None
     remote_write_interval: float = Field(15.0, gt=0)
     remote_write_queue: int = Field(100_000, ge=1, description="samples kept while the receiver is unreachable")
+    mlflow: str | None = None  # a tracking URI: sidecar.output.mlflow_sink
     # alerts
     alerts: AlertSettings = AlertSettings()
     on_alert: list[str] | None = None
@@ -151,6 +153,15 @@ class SidecarConfig(BaseModel):
         parts = urlsplit(value or "http://h")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("not an http:// or https:// URL; e.g. http://prometheus:9090/api/v1/write")
+        return value
+
+    @field_validator("mlflow")
+    @classmethod
+    def _mlflow(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("empty; give the tracking server's URI, e.g. http://mlflow:5000")
+        if value is not None and importlib.util.find_spec("mlflow") is None:
+            raise ValueError("needs MLflow's client, not installed here: pip install 'mstb-sidecar[mlflow]'")
         return value
 
     @field_validator("metrics")

@@ -40,8 +40,18 @@ def settings_from(config: SidecarConfig, live: bool, on_alert: AlertCommand | No
         every=config.every,
         metrics=config.metrics,
         max_file_bytes=int(config.max_event_file_mb * (1 << 20)) if config.max_event_file_mb else None,
-        sinks=list(sinks),
+        sinks=[*sinks, *_configured(config)],
     )
+
+
+def _configured(config: SidecarConfig) -> list[Sink]:
+    """The outputs the options ask for (``--mlflow``), beside those a program embedding the CLI gives."""
+    if config.mlflow is None:
+        return []
+    from sidecar.output.mlflow_sink import MLflowSink
+
+    experiment = config.job or config.bucket or str(config.out.resolve())  # as the metrics' training_job
+    return [MLflowSink(config.mlflow, config.out, config.instance, experiment, config.drain_timeout)]
 
 
 def alert_command(config: SidecarConfig) -> AlertCommand | None:

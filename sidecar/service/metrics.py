@@ -146,6 +146,13 @@ class EngineCollector(Collector):
         for (rank_id, name), count in sorted(engine.alerts.counts.items()):
             alerts.add_metric([*job, "all" if rank_id < 0 else str(rank_id), name], count)
         yield alerts
+        sinks = GaugeMetricFamily("mstb_sidecar_sink_health", "Outputs beside the event files (--mlflow): "
+                                  "what each counts, by reason (sent, queued, rejected, dropped-..., retries, "
+                                  "seconds-failing)", labels=["training_job", "sink", "reason"])
+        for sink in engine.settings.sinks:  # the event files' own figures are above
+            for reason, count in sink.health().items():
+                sinks.add_metric([*job, sink.name, reason], count)
+        yield sinks
 
     def _one(self, family_type: type[F], name: str, help_text: str, value: float) -> F:
         """The one series of a figure of the whole sidecar, labelled with its job."""

@@ -9,7 +9,7 @@ found), read off the engine between iterations, rather than the file events that
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -46,10 +46,16 @@ def status_line(engine: Engine, waiting: list[Path], others: Sequence[Described]
     if dropped:
         parts.append(f"not written: {dropped}")
     parts += [other.describe() for other in others]
+    parts += [f"{sink.name}: {told}" for sink in engine.settings.sinks if (told := _health(sink.health()))]
     line = ", ".join(parts)
     if waiting:
         line = f"waiting for {', '.join(map(str, waiting))} to appear; {line}"
     return line
+
+
+def _health(counts: Mapping[str, int]) -> str:
+    """A sink's counts that are not 0: ``1200 sent, 40 queued, 3 retries``."""
+    return ", ".join(f"{n} {reason}" for reason, n in counts.items() if n)
 
 
 def _last_steps(engine: Engine) -> str:

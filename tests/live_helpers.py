@@ -25,12 +25,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,16 +47,72 @@ _BAR = "  5.2% |██                                                | 0.86313 
 BIN = Path(sys.executable).with_name("mstb-sidecar")
 
 
-def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
-    """Poll ``cond`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+T = TypeVar("T")
+_POLL_FIRST, _POLL_MOST = 0.005, 0.2  # the first pause between two looks, and the longest (doubling between)
+
+
+def poll(look: Callable[[], T], done: Callable[[T], object], timeout: float,
+         errors: tuple[type[BaseException], ...] = (), every: float | None = None) -> tuple[bool, T | None]:
+    """``look()`` until ``done`` of what it returns, for at most ``timeout`` seconds, the pause
+    between looks doubling from 5 ms to 0.2 s (quick when the condition comes soon, cheap when it
+    takes long), or ``every`` seconds when a moment must not be missed. ``errors`` raised by
+    ``look`` count as not yet. Returns (done?, the last look)."""
+    deadline, pause = time.monotonic() + timeout, every or _POLL_FIRST
+    value: T | None = None
     while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(interval)
+        try:
+            value = look()
+            if done(value):
+                return True, value
+        except errors:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, value
+        time.sleep(min(pause, left))
+        pause = pause if every else min(2 * pause, _POLL_MOST)
+
+
+def wait_until(cond: Callable[[], object], timeout: float, what: str, every: float | None = None) -> object:
+    """Until ``cond()`` is truthy (returned); else fail after ``timeout`` seconds, naming ``what``
+    and the last answer. ``every``: as for :func:`poll`."""
+    ok, value = poll(cond, bool, timeout, every=every)
+    if not ok:
+        raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what} (last: {_short(value)})")
+    return value
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def fetch(url: str, timeout: float = 5) -> tuple[int, str]:
+    """GET ``url``: (status, body), an HTTP error status included; a refused connection raises OSError."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def fetch_until(url: str, done: Callable[[tuple[int, str]], object], timeout: float, what: str) -> tuple[int, str]:
+    """GET ``url`` until ``done((status, body))`` (a server not answering yet is not done); fail
+    after ``timeout`` seconds, naming ``what`` and the last answer."""
+    ok, answer = poll(lambda: fetch(url), done, timeout, (OSError,))
+    if not ok:
+        raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what} from {url} (last: {_short(answer)})")
+    assert answer is not None
+    return answer
+
+
+def paced(items: Iterable[T], every: float) -> Iterator[T]:
+    """``items``, ``every`` seconds apart: a writer's pace (pieces of a line, steps of a trainer),
+    where the pace is the behaviour under test. Not a way to wait for the sidecar."""
+    for i, item in enumerate(items):
+        if i:
+            time.sleep(every)
+        yield item
 
 
 def loss_value(rank: int, step: int, segment: int = 0) -> float:
@@ -195,11 +253,16 @@ class SteadyWriter:
         self._stop.set()
         self._thread.join(10)
 
-    def _run(self) -> None:
+    def write(self, rounds: int) -> None:
+        """``rounds`` steps to every log at the writer's rate, in the calling thread."""
+        self._run(rounds)
+
+    def _run(self, rounds: float = float("inf")) -> None:
         period = 1.0 / self.rate
         next_at = time.monotonic()
         next_rotation = next_at + (self.rotate_every or float("inf"))
-        while not self._stop.is_set():
+        while not self._stop.is_set() and rounds > 0:
+            rounds -= 1
             for log in self.logs:
                 log.step()
             if time.monotonic() >= next_rotation:
@@ -430,6 +493,26 @@ class Sidecar:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def caught_up(self, timeout: float = 10) -> None:
+        """Until the loop has read what was written before this call. SIGUSR1 makes it log its
+        status at the end of the round it lands in; that round may have read before the signal,
+        the one after the first status line cannot have, so it takes two."""
+        assert self.proc is not None
+        for _ in range(2):
+            said = self.stderr().count("status: ")
+            self.proc.send_signal(signal.SIGUSR1)
+            wait_until(lambda: self.stderr().count("status: ") > said or not self.running(), timeout,
+                       "the sidecar's status line (a round of its loop)")
+            assert self.running(), self.stderr()
+
+    def idle(self, timeout: float = 10) -> None:
+        """Until the loop has caught up and waits (its main thread sleeps), e.g. before testing
+        that something ends the wait."""
+        self.caught_up(timeout)
+        assert self.proc is not None
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        wait_until(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "S", timeout, "the sidecar to wait")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> tuple[int, float]:
         """Send ``sig`` and wait; returns (exit status, seconds it took)."""

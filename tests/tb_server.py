@@ -10,13 +10,13 @@ import json
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from live_helpers import poll
 
 
 def free_port() -> int:
@@ -36,17 +36,7 @@ class TensorBoard:
 
     def wait_for(self, path: str, done: Callable[[object], bool], timeout: float = 90, **params: str) -> object:
         """GET ``path`` until ``done(answer)``; the last answer when ``timeout`` passes first."""
-        deadline = time.monotonic() + timeout
-        answer: object = None
-        while time.monotonic() < deadline:
-            try:
-                answer = self.get(path, **params)
-                if done(answer):
-                    return answer
-            except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
-                pass
-            time.sleep(0.3)
-        return answer
+        return poll(lambda: self.get(path, **params), done, timeout, (OSError, json.JSONDecodeError))[1]
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from live_helpers import BIN, LiveEnv, RankLog, wait_until
+from live_helpers import BIN, LiveEnv, RankLog, paced, poll, wait_until
 from tb_read import scalars, texts
 
 pytest_plugins = ["live_helpers"]
@@ -141,10 +141,9 @@ def test_live_alerts_within_a_second_and_a_stall_that_resolves(live: LiveEnv, tm
     sidecar = live.sidecar("--config", str(config)).start()
 
     def write_both_until(step: int) -> None:
-        while logs[0].next_step <= step:
+        for _ in paced(range(logs[0].next_step, step + 1), 0.002):
             for log in logs:
                 log.step()
-            time.sleep(0.002)
 
     write_both_until(SPIKE_STEP - 1)
     for name, log, step in (("loss-spike", logs[1], SPIKE_STEP), ("nan-loss", logs[0], NAN_STEP)):
@@ -157,10 +156,12 @@ def test_live_alerts_within_a_second_and_a_stall_that_resolves(live: LiveEnv, tm
 
     write_both_until(STEPS)
     stopped = time.monotonic()
-    deadline = stopped + 4
-    while time.monotonic() < deadline and "ALERT stall: rank 1" not in sidecar.stderr():
-        logs[0].step()  # rank 0 goes on, rank 1 hangs
-        time.sleep(0.2)
+
+    def rank_0_goes_on() -> bool:  # a step every 0.2 s while rank 1 hangs, until the stall is paged
+        logs[0].step()
+        return "ALERT stall: rank 1" in sidecar.stderr()
+
+    poll(rank_0_goes_on, bool, 4, every=0.2)
     assert "ALERT stall: rank 1" in sidecar.stderr(), sidecar.stderr()
     assert 1.5 <= time.monotonic() - stopped < 3.5
     assert "ALERT stall: rank 0" not in sidecar.stderr()

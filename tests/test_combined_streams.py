@@ -6,12 +6,12 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from sidecar.cli import main
+from live_helpers import paced, wait_until
 from tb_read import raw_points, same_float32, scalars, texts
 
 RANKS = 4
@@ -117,16 +117,12 @@ def test_live_split_of_a_growing_labelled_stream(tmp_path: Path) -> None:
     try:
         lines = interleave("srun", seed=11)
         with log.open("a") as fh:
-            for i in range(0, len(lines), 17):
+            for i in paced(range(0, len(lines), 17), 0.02):
                 fh.write("\n".join(lines[i:i + 17]) + "\n")
                 fh.flush()
-                time.sleep(0.02)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            runs = [out / f"rank_{r}" for r in range(RANKS)]
-            if all(r.exists() and len(scalars(r).get("throughput", {})) == STEPS for r in runs):
-                break
-            time.sleep(0.3)
+        runs = [out / f"rank_{r}" for r in range(RANKS)]
+        wait_until(lambda: all(r.exists() and len(scalars(r).get("throughput", {})) == STEPS for r in runs), 20,
+                   "every rank's steps")
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0

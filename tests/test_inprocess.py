@@ -25,6 +25,7 @@ import pytest
 
 from mindspore_required import require_mindspore
 
+from live_helpers import wait_until
 from tb_read import scalars, texts
 
 pytestmark = pytest.mark.mindspore
@@ -347,9 +348,7 @@ def test_writer_error_disables_callback_training_goes_on(tmp_path: Path, monkeyp
     callback = TensorBoardCallback(tmp_path, batch_size=BATCH, rank=0)
     with caplog.at_level(logging.WARNING, logger="sidecar.inprocess"):
         drive(callback, range(1, 2))
-        deadline = time.monotonic() + 5
-        while not callback.disabled and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: callback.disabled, 5, "the callback to give up after the write error")
         drive(callback, range(2, 20), begin=False)
         end(callback)
     assert callback.disabled
@@ -385,7 +384,7 @@ def test_restart_from_an_earlier_step_supersedes_the_tail(tmp_path: Path) -> Non
 # callbacks; MindSpore's runtime turns it into a SIGTERM to the process. The writer's interval is made longer than the test, so every point is
 # still waiting in its list when the interrupt ends the process.
 INTERRUPTED = r"""
-import sys, time
+import signal, sys
 import numpy as np
 import mindspore as ms
 import mindspore.dataset as ds
@@ -404,7 +403,8 @@ def handed_over(step):
         if how == "raise":
             raise KeyboardInterrupt
         print("handed over", flush=True)
-        time.sleep(600)
+        while True:
+            signal.pause()  # until the test's signal ends the process
 
 
 class Last(Callback):

@@ -29,8 +29,7 @@ def test_append_to_disk_latency_p99_under_1s(live: LiveEnv) -> None:
     with DiskWatcher(live.out, range(4)) as watcher:
         watcher.wait_all(logs, 10)
         since = time.monotonic()
-        with SteadyWriter(logs, rate=20):
-            time.sleep(SECONDS)
+        SteadyWriter(logs, rate=20).write(int(SECONDS * 20))
         watcher.wait_all(logs, 10)
         lat = watcher.latencies(logs, since=since)
     rc, took = sidecar.stop()
@@ -50,7 +49,7 @@ def test_a_head_whose_bar_never_comes_is_released_within_1s(live: LiveEnv) -> No
     sidecar = live.sidecar().start()
     with DiskWatcher(live.out, [0]) as watcher:
         watcher.wait_all([log], 10)
-        time.sleep(0.5)  # idle: the loop is in its longest wait
+        sidecar.idle()  # the loop is in its wait
         record = log.take()
         log.write(record[: record.index(b"\n") + 1])
         written = time.monotonic()
@@ -74,8 +73,7 @@ def test_a_fast_writer_is_read_once_per_min_read_interval(live: LiveEnv) -> None
     with DiskWatcher(live.out, range(4)) as watcher:
         watcher.wait_all(logs, 10)
         since = time.monotonic()
-        with SteadyWriter(logs, rate=20):
-            time.sleep(3.5)
+        SteadyWriter(logs, rate=20).write(70)  # 3.5 s
         watcher.wait_all(logs, 10)
         arrivals = sorted(t for t in watcher.seen.values() if t > since)
     rc, _ = sidecar.stop()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 from live_helpers import LiveEnv, all_written, free_port, raw_run, scrape, wait_until
 
@@ -41,7 +40,7 @@ def test_partial_line_is_held_until_complete(live: LiveEnv) -> None:
     record = log.take()
     cut = _cut_in_loss(record)
     log.write(record[:cut])
-    time.sleep(1.0)  # four poll intervals and a checkpoint with the partial line pending
+    sidecar.caught_up()  # it has looked at the partial line
     assert len(raw_run(live.out / "rank_1").points) == 5, "a partial line was parsed"
     _checkpointed_offsets_on_line_starts(live)
     log.write(record[cut:])
@@ -59,7 +58,7 @@ def test_partial_line_completed_after_a_restart(live: LiveEnv) -> None:
         record = log.take()
         cut = _cut_in_loss(record)
         log.write(record[:cut])
-        time.sleep(1.2)  # let a checkpoint happen with the partial line pending
+        sidecar.caught_up()  # it has looked at the partial line
         stop()
         assert _checkpointed_offsets_on_line_starts(live)
         log.write(record[cut:])
@@ -77,7 +76,7 @@ def test_head_waiting_for_its_bar_across_a_restart(live: LiveEnv) -> None:
     record = log.take()
     head_end = record.index(b"\n") + 1
     log.write(record[:head_end])
-    time.sleep(0.2)
+    sidecar.caught_up()  # the head is read and held
     sidecar.kill()
     log.write(record[head_end:])
     log.step(2)
@@ -94,9 +93,9 @@ def test_long_lines_are_skipped_and_counted(live: LiveEnv) -> None:
     log.write(b"[INFO] x" + b"y" * (3 << 20) + b"\n")
     log.step(5)
     log.write(b"[INFO] z" + b"w" * (1 << 20))
-    time.sleep(0.3)
+    sidecar.caught_up()  # each piece read on its own
     log.write(b"w" * (1 << 20))
-    time.sleep(0.3)
+    sidecar.caught_up()
     log.write(b"w" * (1 << 20) + b"\n")
     log.step(5)
     wait_until(lambda: all_written(live.out, [log]), 10, "the steps around the long lines")
@@ -104,7 +103,7 @@ def test_long_lines_are_skipped_and_counted(live: LiveEnv) -> None:
     assert wait_until(lambda: (scrape(port, "mstb_sidecar_records_not_written_total", **too_long) or 0) >= 2, 5,
                       "the long-line counter")
     log.write(b"[INFO] q" + b"z" * (2 << 20))  # over the cap, no newline yet
-    time.sleep(0.5)
+    sidecar.caught_up()
     rc, _ = sidecar.stop()
     assert rc == 0
     log.write(b"z" * 1000 + b"\n")
@@ -148,8 +147,11 @@ def test_counts_outlive_the_file_they_came_from(live: LiveEnv) -> None:
     log.step(3)
     wait_until(lambda: all_written(live.out, [log]), 10, "the steps after the rollover")
     log.path.with_name("info.log.1").unlink()
-    time.sleep(0.3)  # past rotate_quiet; SIGHUP rescans at once (with inotify, rescans are rare)
-    sidecar.proc.send_signal(signal.SIGHUP)
-    wait_until(lambda: scrape(port, "mstb_sidecar_files") == 1, 10, "the deleted file to be forgotten")
+
+    def forgotten() -> bool:  # once past rotate_quiet; SIGHUP rescans at once (with inotify, rescans are rare)
+        sidecar.proc.send_signal(signal.SIGHUP)
+        return scrape(port, "mstb_sidecar_files") == 1
+
+    wait_until(forgotten, 10, "the deleted file to be forgotten")
     assert scrape(port, metric, **malformed) == 1
     live.finish(sidecar, [log])

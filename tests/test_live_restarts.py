@@ -15,11 +15,27 @@ import time
 
 import pytest
 
-from live_helpers import LiveEnv, SteadyWriter, all_written, checkpointed, wait_until
+from live_helpers import LiveEnv, RankLog, SteadyWriter, all_written, checkpointed, raw_run, wait_until
 
 pytest_plugins = ["live_helpers"]
 
 KILLS = int(os.environ.get("MSTB_LIVE_KILLS", "6"))
+
+
+def _written(live: LiveEnv, logs: list[RankLog]) -> int:
+    return sum(len(raw_run(live.out / f"rank_{log.rank}").points) for log in logs)
+
+
+def _streaming(live: LiveEnv, logs: list[RankLog], steps: int) -> None:
+    """Until the sidecar wrote ``steps`` more steps of every log than now, while they are written."""
+    now = _written(live, logs)
+    wait_until(lambda: _written(live, logs) >= now + steps * len(logs), 15, f"{steps} more steps of each rank")
+
+
+def _writes_on(logs: list[RankLog], steps: int) -> None:
+    """Until the writer wrote ``steps`` more steps (the sidecar down meanwhile)."""
+    now = logs[0].next_step
+    wait_until(lambda: logs[0].next_step >= now + steps, 15, f"the writer's next {steps} steps")
 
 
 def test_sigterm_mid_stream_exits_0_quickly_and_resumes(live: LiveEnv) -> None:
@@ -29,13 +45,13 @@ def test_sigterm_mid_stream_exits_0_quickly_and_resumes(live: LiveEnv) -> None:
     times = []
     with SteadyWriter(logs, rate=50):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            time.sleep(1.0)
+            _streaming(live, logs, 25)
             rc, took = sidecar.stop(sig)
             assert rc == 0, sidecar.stderr()
             times.append(took)
-            time.sleep(0.3)
+            _writes_on(logs, 15)
             sidecar.start()
-        time.sleep(0.5)
+        _streaming(live, logs, 25)
     times.append(live.finish(sidecar, logs))
     print(f"\nSIGTERM exit times ({live.mode}): {', '.join(f'{t:.2f}s' for t in times)}")
     assert max(times) < 5.0
@@ -50,12 +66,12 @@ def test_sigkill_loop(live: LiveEnv) -> None:
     with SteadyWriter(logs, rate=40, rotate_every=1.5):
         for _ in range(KILLS):
             sidecar.start()
-            time.sleep(rng.uniform(0.1, 1.2))
+            _writes_on(logs, rng.randint(4, 48))  # killed 0.1-1.2 s into its run, by the writer's pace
             sidecar.kill()
             if live.state_file().exists():
                 json.loads(live.state_file().read_text())
         sidecar.start()
-        time.sleep(0.5)
+        _streaming(live, logs, 20)
     live.finish(sidecar, logs)
     warned = [line for line in sidecar.stderr(all_runs=True).splitlines() if "WARNING" in line]
     # The loss code (rank * 100000 + step) makes the ranks "diverge": that alert is right; nothing else warns.
@@ -119,7 +135,7 @@ def test_sighup_rescans_now_and_keeps_following(live: LiveEnv) -> None:
     log.step(5)
     late = live.info_log(4)
     late.step(10)
-    time.sleep(0.3)
+    sidecar.caught_up()
     sidecar.proc.send_signal(signal.SIGHUP)
     sent = time.monotonic()
     wait_until(lambda: all_written(live.out, [late]), 5, "the new rank after SIGHUP")
@@ -188,6 +204,6 @@ def test_sigterm_cuts_a_long_poll_wait_short(live: LiveEnv) -> None:
     log.step(5)
     sidecar = live.sidecar("--poll-interval", "30").start()
     wait_until(lambda: all_written(live.out, [log]), 10, "the first steps")
-    time.sleep(0.3)
+    sidecar.idle()  # in its 30 s wait
     rc, took = sidecar.stop()
     assert rc == 0 and took < 2.0, (rc, took, sidecar.stderr())

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from datetime import timedelta
 
 import pytest
@@ -65,7 +64,7 @@ def test_resume_then_sigkill_then_a_second_resume(live: LiveEnv) -> None:
     wait_until(lambda: all_written(live.out, [log]), 10, "the first segment")
     log.go_back(30)
     log.step(5)
-    time.sleep(0.3)  # written, probably not checkpointed yet
+    wait_until(lambda: all_written(live.out, [log]), 10, "the resumed steps")  # probably not checkpointed yet
     sidecar.kill()
     log.step(20)
     sidecar.start()

@@ -19,7 +19,7 @@ import pytest
 
 from pathlib import Path
 
-from live_helpers import LiveEnv, RankLog, Sidecar, all_written, tb_points, wait_until
+from live_helpers import LiveEnv, RankLog, Sidecar, all_written, paced, tb_points, wait_until
 from outputs import assert_same_outputs, read_run
 from sidecar.cli import main
 
@@ -35,9 +35,8 @@ def test_rename_rotation_while_the_writer_keeps_its_fd(live: LiveEnv) -> None:
     sidecar = live.sidecar().start()
     log.step(10)
     log.shift()  # renamed; the writer has not reopened yet
-    for _ in range(6):
+    for _ in paced(range(6), 0.05):
         log.step(5)
-        time.sleep(0.05)
     log.reopen()
     log.step(20)
     live.finish(sidecar, [log])
@@ -112,7 +111,7 @@ def test_truncation_regrown_past_the_offset_before_the_next_look(live: LiveEnv, 
     if restarted:
         assert sidecar.stop()[0] == 0
         sidecar.start()
-        time.sleep(0.3)
+        sidecar.caught_up()  # it has read from the restored offset
     old_size = log.path.stat().st_size
     sidecar.proc.send_signal(signal.SIGSTOP)
     try:
@@ -163,7 +162,7 @@ def test_late_rank_directories(live: LiveEnv) -> None:
     sidecar = live.sidecar().start()
     logs = []
     for rank in (1, 2):
-        time.sleep(0.3)
+        sidecar.idle()  # the directory comes to a loop that waits
         log = live.info_log(rank)
         log.step(10)
         created = time.monotonic()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from live_helpers import LiveEnv, Sidecar, wait_until
+from live_helpers import LiveEnv, Sidecar, paced, raw_run, wait_until
 from outputs import assert_same_outputs, compare
 from sidecar.cli import main
 from tb_read import raw_points, scalars
@@ -63,11 +63,10 @@ class PacedLog:
 
     def write_to(self, end: int) -> None:
         with open(self.path, "ab") as fh:
-            while self.at < min(end, len(self.lines)):
-                fh.write(self.lines[self.at])
+            for line in paced(self.lines[self.at:end], 1 / PACE):
+                fh.write(line)
                 fh.flush()
                 self.at += 1
-                time.sleep(1 / PACE)
 
     def write_rest(self) -> None:
         self.write_to(len(self.lines))
@@ -243,7 +242,9 @@ def test_a_stop_between_a_steps_head_and_its_bar_keeps_its_throughput(live: Live
     sidecar = live.sidecar("--checkpoint-interval", "60" if stop == "SIGKILL" else "0.2").start()
     head = log.index(b"step:[   10/")
     log.write_to(head + 1)  # step 10's head, not its bar
-    time.sleep(1.0)  # past the companion wait: the step is written without its throughput
+    rank_1 = live.out / "rank_1"  # past the companion wait: the step is written without its throughput
+    wait_until(lambda: 10 in dict(raw_run(rank_1).points), 10, "step 10 written without its bar")
+    assert 10 not in dict(raw_run(rank_1, "throughput").points)
     if stop == "SIGKILL-after-a-line":
         _interject(log, NOISE)
         wait_until(lambda: _checkpointed(live) >= log.offset(head + 1) + len(NOISE), 10, "a checkpoint past the head")

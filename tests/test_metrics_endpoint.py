@@ -8,15 +8,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from sidecar import __version__
+from live_helpers import fetch, fetch_until
 from sidecar.engine import Engine, Settings
+from sidecar.following.clock import FakeClock
 from sidecar.service import metrics
 from sidecar.service.notify import Notifier
 from tb_server import free_port
@@ -26,24 +25,12 @@ BIN = Path(sys.executable).with_name("mstb-sidecar")
 
 
 def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+    return fetch(f"http://127.0.0.1:{port}{path}")
 
 
-def wait_get(port: int, path: str, timeout: float = 30) -> tuple[int, str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            answer = get(port, path)
-            if answer[0] == 200 or time.monotonic() > deadline:
-                return answer
-        except urllib.error.URLError:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.1)
+def ok(port: int, path: str) -> tuple[int, str]:
+    """The first 200 answer of ``path``, once the endpoint serves one."""
+    return fetch_until(f"http://127.0.0.1:{port}{path}", lambda answer: answer[0] == 200, 30, "a 200 answer")
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -64,20 +51,17 @@ def test_the_daemon_serves_metrics_and_probes_on_their_paths_only(tmp_path: Path
     proc = subprocess.Popen([str(BIN), "--watch", str(tmp_path / "logs"), "--out", str(tmp_path / "out"),
                              "--metrics-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_get(port, "/readyz") == (200, "ready: the first scan is done\n")
+        assert ok(port, "/readyz") == (200, "ready: the first scan is done\n")
         assert listening_addresses(port) == {"0100007F"}  # 127.0.0.1, nothing else
-        code, text = wait_get(port, "/healthz")
+        code, text = ok(port, "/healthz")
         assert code == 200 and text.startswith("alive: the main loop ran ")
         code, text = get(port, "/metrics")
         assert code == 200
         job = (tmp_path / "out").resolve()
         assert (f'mstb_sidecar_build_info{{python="{platform.python_version()}",sidecar="{socket.gethostname()}",'
                 f'training_job="{job}",version="{__version__}"}} 1.0') in text
-        deadline = time.monotonic() + 30
-        while f'mstb_sidecar_records_written_total{{rank="1",training_job="{job}"}} 200.0' not in text \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
-            text = get(port, "/metrics")[1]
+        text = fetch_until(f"http://127.0.0.1:{port}/metrics", lambda answer: f'mstb_sidecar_records_written_total{{'
+                           f'rank="1",training_job="{job}"}} 200.0' in answer[1], 30, "rank 1's 200 records")[1]
         assert f'mstb_sidecar_records_written_total{{rank="0",training_job="{job}"}} 200.0' in text
         assert f'mstb_sidecar_records_written_total{{rank="1",training_job="{job}"}} 200.0' in text
         for path in ("/", "/nonexistent", "/metrics/x", "/healthz/", "/favicon.ico"):
@@ -93,17 +77,18 @@ def test_probes_follow_the_main_loop(tmp_path: Path, monkeypatch: pytest.MonkeyP
     """Not ready before the first scan; not alive when the main loop stops telling it ran."""
     monkeypatch.setattr(metrics, "STALE_AFTER", 0.5)
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    notifier = Notifier()
+    clock = FakeClock()
+    notifier = Notifier(clock)
     port = free_port()
     _, registry = metrics.registry_for(Engine(Settings(out=tmp_path / "out", roots=[tmp_path])), "job",
                                        metrics.TrainingGauges())
     metrics.serve(registry, "127.0.0.1", port, notifier)
-    assert wait_get(port, "/readyz", timeout=0) == (503, "not ready: the first scan is running\n")
+    assert get(port, "/readyz") == (503, "not ready: the first scan is running\n")
     assert get(port, "/healthz") == (200, "starting: the first scan is running\n")
     notifier.ready("following 0 file(s)")
     assert get(port, "/readyz") == (200, "ready: the first scan is done\n")
     assert get(port, "/healthz")[0] == 200
-    time.sleep(0.7)  # the loop did not report for longer than the limit
+    clock.advance(0.7)  # the loop did not report for longer than the limit
     code, text = get(port, "/healthz")
     assert code == 503 and text.startswith("stalled: the main loop last ran ") and text.endswith(" ago (limit 0.5 s)\n")
     notifier.healthy()

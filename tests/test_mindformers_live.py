@@ -57,6 +57,7 @@ from pathlib import Path
 import pytest
 
 from fidelity import COMPARED_TAGS, DERIVED_TAGS, SAMPLES_RUN, compare_run
+from live_helpers import poll, wait_until
 from mindformers_run import launch
 from sidecar.output.run_meta import CONFIG_TAG
 from tb_read import raw_points, scalars, texts
@@ -368,11 +369,9 @@ def live(request: pytest.FixtureRequest, mf_python: MfPython, report: Report,
         )
     job: subprocess.Popen[bytes] | None = None
     try:
-        deadline = time.monotonic() + 30
-        while "watching" not in sidecar_err.read_text(errors="replace"):
-            assert sidecar.poll() is None, f"sidecar exited at start: {sidecar_err.read_text(errors='replace')}"
-            assert time.monotonic() < deadline, "sidecar did not start within 30 s"
-            time.sleep(0.05)
+        wait_until(lambda: "watching" in sidecar_err.read_text(errors="replace") or sidecar.poll() is not None, 30,
+                   "the sidecar to start")
+        assert sidecar.poll() is None, f"sidecar exited at start: {sidecar_err.read_text(errors='replace')}"
 
         job_log = base / "job.out"
         started = time.monotonic()
@@ -387,12 +386,7 @@ def live(request: pytest.FixtureRequest, mf_python: MfPython, report: Report,
         truth = read_truth(workdir / "output")
         loss_at_end = _loss_points(summary)
         ended = time.monotonic()
-        caught_up = False
-        while time.monotonic() - ended < CATCH_UP_TIMEOUT:
-            if _all_arrived(summary, truth):
-                caught_up = True
-                break
-            time.sleep(0.2)
+        caught_up = poll(lambda: _all_arrived(summary, truth), bool, CATCH_UP_TIMEOUT)[0]
         catch_up = time.monotonic() - ended
 
         sidecar.send_signal(signal.SIGTERM)

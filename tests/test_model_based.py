@@ -120,7 +120,7 @@ from tensorboard.backend.event_processing.event_file_loader import LegacyEventFi
 
 from sidecar.analysis.aggregate import AGGREGATED_TAGS
 
-from live_helpers import BIN, RankLog, Sidecar, event_files, loss_value
+from live_helpers import BIN, RankLog, Sidecar, event_files, loss_value, poll
 from outputs import RunOutput, Tree, differences, last_layout, newest_layout, read_out, same_value
 
 RANKS = (0, 1)
@@ -688,16 +688,17 @@ class LogsAndSidecar(RuleBasedStateMachine):
         """Until the view matches the oracle and the files rest for QUIET s, or the files rest for
         STALLED s without a match (the sidecar has given up on something), or TIMEOUT."""
         want = self.oracle()
-        deadline = time.monotonic() + TIMEOUT
         signature, since, matching = None, time.monotonic(), False
-        while time.monotonic() < deadline:
+
+        def rested() -> bool:
+            nonlocal signature, since, matching
             now_signature = self.files_signature()
             if now_signature != signature:
                 signature, since, matching = now_signature, time.monotonic(), self.matches(want)
             rest = time.monotonic() - since
-            if (matching and rest >= QUIET) or rest >= STALLED:
-                return
-            time.sleep(0.03)
+            return (matching and rest >= QUIET) or rest >= STALLED
+
+        poll(rested, bool, TIMEOUT, every=0.03)
 
     def verify(self) -> None:
         """The per-step model for every scalar tag of the ranks' runs and their twins; the whole

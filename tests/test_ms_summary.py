@@ -15,13 +15,13 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from live_helpers import paced, wait_until
 from mindspore_required import require_mindspore
 from tensorboard import data_compat
 from tensorboard.backend.event_processing import event_accumulator
@@ -340,16 +340,18 @@ def test_follows_file_while_mindspore_writes(tmp_path: Path) -> None:
         writer = subprocess.Popen([sys.executable, "-c", LIVE_WRITER, str(tmp_path), str(steps)],
                                   stdout=log_fh, stderr=log_fh)
     reader, seen = None, []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+
+    def read() -> bool:
+        """One look, as a follower makes it; whether the writer had ended before it."""
+        nonlocal reader
         finished = writer.poll() is not None
         if reader is None and (found := find_summary_files(tmp_path)):
             reader = MsSummaryFile(found[0])
         if reader is not None:
-            seen += reader.read_new()
-        if finished:
-            break
-        time.sleep(0.002)
+            seen.extend(reader.read_new())
+        return finished
+
+    wait_until(read, 120, "the MindSpore writer to finish", every=0.002)  # often: reads land mid-record
     assert writer.wait(timeout=5) == 0, log.read_text(errors="replace")[-4000:]
     assert reader is not None
     seen += reader.read_new()
@@ -393,7 +395,6 @@ def test_live_sidecar_follows_a_summary_file_being_written(ms_run: MsRun, tmp_pa
     """A growing `_MS` file under --watch is converted as it grows, records arriving in pieces;
     mindformers' output/summary/rank_N becomes run rank_N."""
     import signal
-    import time
 
     from tb_read import scalars
 
@@ -409,15 +410,11 @@ def test_live_sidecar_follows_a_summary_file_being_written(ms_run: MsRun, tmp_pa
     steps = list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
     try:
         with target.open("ab") as fh:
-            for i in range(0, len(data), 333):  # cuts records mid-header and mid-payload
+            for i in paced(range(0, len(data), 333), 0.01):  # cuts records mid-header and mid-payload
                 fh.write(data[i:i + 333])
                 fh.flush()
-                time.sleep(0.01)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if (out / "rank_3").exists() and len(scalars(out / "rank_3").get("loss/auto", {})) == len(steps):
-                break
-            time.sleep(0.3)
+        wait_until(lambda: (out / "rank_3").exists() and len(scalars(out / "rank_3").get("loss/auto", {})) == len(steps),
+                   20, "every step in rank_3")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0

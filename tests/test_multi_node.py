@@ -7,9 +7,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from live_helpers import wait_until
 from tb_read import raw_points, scalars
 
 REAL = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output" / "log"
@@ -58,12 +58,9 @@ def test_two_live_sidecars_share_one_out(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     procs = _sidecars(_node_trees(tmp_path), shared, "--watch")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            runs = [shared / "rank_0", shared / "rank_1"]
-            if all(r.exists() and len(scalars(r).get("loss", {})) == 200 for r in runs):
-                break
-            time.sleep(0.5)
+        runs = [shared / "rank_0", shared / "rank_1"]
+        wait_until(lambda: all(r.exists() and len(scalars(r).get("loss", {})) == 200 for r in runs), 60,
+                   "both nodes' 200 steps")
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

@@ -69,7 +69,8 @@ def test_live_output_deleted_mid_run_is_written_again(live: LiveEnv, what: str) 
         deleted = time.monotonic()
         wait_until(lambda: DETECTED in sidecar.stderr(), 10, "the sidecar to notice")
         print(f"{what}: noticed after {time.monotonic() - deleted:.2f} s")
-        time.sleep(0.5)
+        written = logs[0].next_step
+        wait_until(lambda: logs[0].next_step >= written + 50, 10, "the writer to go on after the start-over")
     wait_until(lambda: all_written(live.out, logs), 10, "every step to be written again")
     lines = sum(2 * len(log.history) for log in logs)  # a head and a bar line per step
     # the endpoint follows the engine that started over: it read every line once, from the start
@@ -95,7 +96,7 @@ def test_replay_output_deleted_midway_exits_1_and_a_second_replay_restores_every
     first = _replay(output, out, tmp_path / "first.stderr")
     try:
         wait_until(lambda: event_files(out / "rank_0") or first.poll() is not None, 30, "rank_0's event file",
-                   interval=0.002)
+                   every=0.002)
         first.send_signal(signal.SIGSTOP)  # the replay cannot finish while its output is deleted
         assert first.poll() is None, "the replay finished before its output could be deleted"
         shutil.rmtree(out / "rank_0")

@@ -2,19 +2,22 @@
 looked at less and less often, never less often than ``backoff`` seconds, and one that grows is
 read at every look again.
 
-``QUIET_AFTER`` (10 s in the daemon: how long a file must not grow before it is left alone) is
-set to 0 here, so the test need not wait for it; the waits themselves are the real ones.
+The tail measures its waits on a :class:`FakeClock` the test steps, so each wait is checked to
+the moment (a look just before it is due finds nothing, one at the moment reads), and
+``QUIET_AFTER`` is the daemon's own.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from sidecar.following import tailer
-from sidecar.following.tailer import FileTail
+from sidecar.following.clock import FakeClock
+from sidecar.following.tailer import QUIET_AFTER, QUIET_START, FileTail
+
+EPS = 1 / 64  # a step of the fake clock that adds up exactly
 
 
 def _append(path: Path, text: str) -> None:
@@ -22,41 +25,39 @@ def _append(path: Path, text: str) -> None:
         fh.write(text.encode())
 
 
-def _read_when_seen(tail: FileTail, limit: float) -> tuple[list[bytes], float]:
-    """Read every 10 ms (as a fast poll would) until a line comes; the lines and how long it took."""
-    started = time.monotonic()
-    while time.monotonic() - started < limit:
-        lines = tail.read(1 << 16)
-        if lines:
-            return [line for _, line in lines], time.monotonic() - started
-        time.sleep(0.01)
-    return [], limit
+def _lines(tail: FileTail) -> list[bytes]:
+    return [line for _, line in tail.read(1 << 16)]
 
 
-def test_a_quiet_file_is_looked_at_less_often_and_at_full_pace_once_it_grows(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tailer, "QUIET_AFTER", 0.0)
+def test_a_quiet_file_is_looked_at_less_often_and_at_full_pace_once_it_grows(tmp_path: Path) -> None:
+    clock = FakeClock()
     path = tmp_path / "info.log"
     path.write_bytes(b"step 1\n")
-    tail = FileTail.open(path)
+    tail = FileTail.open(path, clock=clock)
     tail.backoff = 0.5
     try:
-        assert [line for _, line in tail.read(1 << 16)] == [b"step 1"]
-        # Quiet: each look that finds nothing doubles the wait (0.125, 0.25, then the 0.5 cap).
-        deadline = time.monotonic() + 1.2
-        while time.monotonic() < deadline:
-            assert tail.read(1 << 16) == []
-            time.sleep(0.01)
-        time.sleep(0.6)
-        assert tail.read(1 << 16) == []  # a look: the next one is at least QUIET_START away
+        assert _lines(tail) == [b"step 1"]
+        clock.advance(QUIET_AFTER - 0.5)
+        assert _lines(tail) == [] and _lines(tail) == []  # not quiet for long enough: every read looks
         _append(path, "step 2\n")
-        assert tail.read(1 << 16) == []  # not looked at yet
-        lines, waited = _read_when_seen(tail, 2.0)
-        assert lines == [b"step 2"]
-        assert waited <= 0.5 + 0.1  # at most `backoff` after the last look
-        # It grew: the next line is read at the next look, not after a wait.
+        assert _lines(tail) == [b"step 2"]
+        clock.advance(QUIET_AFTER)
+        # Quiet: each look that finds nothing doubles the wait (0.125, 0.25, then the 0.5 cap).
+        assert _lines(tail) == []  # a look: the next one is QUIET_START away
+        for wait in (QUIET_START, 2 * QUIET_START, 0.5, 0.5):
+            _append(path, "")  # nothing new
+            clock.advance(wait - EPS)
+            assert _lines(tail) == []
+            clock.advance(EPS)
+            assert _lines(tail) == []  # looked, still nothing: a longer wait
         _append(path, "step 3\n")
-        assert [line for _, line in tail.read(1 << 16)] == [b"step 3"]
+        clock.advance(0.5 - EPS)
+        assert _lines(tail) == [], "looked at before its wait was up"
+        clock.advance(EPS)
+        assert _lines(tail) == [b"step 3"]  # at most `backoff` after the last look
+        # It grew: the next line is read at the next look, not after a wait.
+        _append(path, "step 4\n")
+        assert _lines(tail) == [b"step 4"]
         assert tail.offset == path.stat().st_size
     finally:
         tail.close()
@@ -66,7 +67,7 @@ def test_without_backoff_every_read_looks(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(tailer, "QUIET_AFTER", 0.0)
     path = tmp_path / "info.log"
     path.write_bytes(b"")
-    tail = FileTail.open(path)
+    tail = FileTail.open(path, clock=FakeClock())
     try:
         for _ in range(5):
             assert tail.read(1 << 16) == []

@@ -51,7 +51,7 @@ class Prometheus:
             [self.binary, f"--config.file={self.root / 'prometheus.yml'}", f"--storage.tsdb.path={self.root / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-remote-write-receiver"],
             stdout=subprocess.DEVNULL, stderr=open(self.root / "prometheus.log", "ab"))
-        wait_until(self._ready, 30, "prometheus to be ready", interval=0.1)
+        wait_until(self._ready, 30, "prometheus to be ready")
 
     def _ready(self) -> bool:
         try:
@@ -130,7 +130,7 @@ def test_prometheus_holds_what_metrics_shows_and_what_was_queued_while_it_was_do
             return shown.get(step) == 200.0 and shown.keys() == held.keys() and all(
                 same(value, held[series]) for series, value in shown.items() if not series[0].startswith(VOLATILE))
 
-        wait_until(agree, 20, "Prometheus to hold every series /metrics shows, with its value", interval=0.2)
+        wait_until(agree, 20, "Prometheus to hold every series /metrics shows, with its value")
         held = stored(prometheus, "rw-fixture")
         assert held[step] == 200.0 and held[loss] == exposition(port)[loss]
         assert held[key("mstb_sidecar_records_written_total", "rw-fixture", rank="0")] > 0

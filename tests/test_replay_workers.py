@@ -33,7 +33,7 @@ from typing import NamedTuple
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from live_helpers import BIN, RankLog
+from live_helpers import BIN, RankLog, wait_until
 from tb_read import all_events, same_float32
 
 
@@ -282,9 +282,8 @@ def test_a_killed_replay_goes_on_from_the_checkpoint_saved_on_the_way(tmp_path: 
     proc = subprocess.Popen([str(BIN), "replay", str(tree), "--out", str(out), "--jobs", jobs,
                              "--checkpoint-interval", "0.05", "--quiet"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not list(out.glob(".mstb-sidecar/state-*.json")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
+    wait_until(lambda: list(out.glob(".mstb-sidecar/state-*.json")) or proc.poll() is not None, 60,
+               "a checkpoint saved on the way", every=0.002)  # kill before the replay ends
     proc.kill()
     assert proc.wait(timeout=30) == -signal.SIGKILL, "the replay ended before its first checkpoint"
     goes_on(steady, out, jobs, started)
@@ -337,19 +336,17 @@ def test_workers_end_with_a_killed_replay(tmp_path: Path, steady: Long) -> None:
             names = " ".join(p.name for p in (tmp_path / "out").rglob("*tfevents*"))
             return len(workers) == 2 and all(f".{pid}." in names for pid in workers)
 
-        deadline = time.monotonic() + 30
-        while not writing() and proc.poll() is None and time.monotonic() < deadline:
-            workers = _children(proc.pid)
-            time.sleep(0.005)
+        def started() -> bool:
+            workers[:] = _children(proc.pid)
+            return writing() or proc.poll() is not None
+
+        wait_until(started, 30, "the replay's workers to start writing", every=0.005)  # stop them before they end
         assert writing(), f"the replay's workers did not start writing: {workers}, exit {proc.poll()}"
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
         proc.kill()
         proc.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while any(map(_alive, workers)) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not any(map(_alive, workers)), "a worker outlived its replay"
+        wait_until(lambda: not any(map(_alive, workers)), 10, "the workers to end with their replay")
         again = replay_with(tree, tmp_path / "out", "--jobs", "2")
         assert again.returncode == 0, again.stderr
     finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from live_helpers import checkpointed
+from live_helpers import checkpointed, wait_until
 from tb_read import scalars
 
 RANKS = int(os.environ.get("MSTB_SCALE_RANKS", "1024"))
@@ -43,15 +43,6 @@ def _state_file(out: Path) -> Path:
     return next((out / ".mstb-sidecar").glob("state-*.json"), out / ".mstb-sidecar" / "none")
 
 
-def _wait_for(predicate, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 @pytest.mark.slow
 def test_many_rank_files_bounded_fds_memory_and_idle_cost(tmp_path: Path) -> None:
     logs, out = tmp_path / "log", tmp_path / "out"
@@ -63,15 +54,15 @@ def test_many_rank_files_bounded_fds_memory_and_idle_cost(tmp_path: Path) -> Non
                             stderr=subprocess.PIPE, text=True)
     try:
         state = out / ".mstb-sidecar"
-        assert _wait_for(lambda: state.exists() and len(list(out.glob("rank_*"))) == RANKS, 120), "first pass"
+        wait_until(lambda: state.exists() and len(list(out.glob("rank_*"))) == RANKS, 120, "the first pass")
         for step in (2, 3):
             _append(logs, step)
         last = out / f"rank_{RANKS - 1}"
-        assert _wait_for(lambda: len(scalars(last).get("loss", {})) == 3, 60), "live appends"
+        wait_until(lambda: len(scalars(last).get("loss", {})) == 3, 60, "the live appends")
         fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
         rss = _rss_mb(proc.pid)
         logs_read = [logs / f"rank_{rank}" / "info.log" for rank in range(RANKS)]
-        assert _wait_for(lambda: checkpointed(_state_file(out), logs_read), 30), "the checkpoint of every read"
+        wait_until(lambda: checkpointed(_state_file(out), logs_read), 30, "the checkpoint of every read")
         cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
         time.sleep(10)  # one reconcile round (the wait for a file event is 10 s at most)
         idle = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from live_helpers import wait_until
+from live_helpers import paced, wait_until
 from outputs import compare
 from tb_read import raw_points, scalars
 
@@ -74,13 +74,12 @@ def feed(proc: subprocess.Popen, data: bytes, pieces: int = 40) -> None:
     fd = proc.stdin.fileno()
     os.set_blocking(fd, False)
     size = -(-len(data) // pieces)
-    for start in range(0, len(data), size):
+    for start in paced(range(0, len(data), size), 0.02):
         piece = memoryview(data)[start: start + size]
         deadline = time.monotonic() + 30
         while piece:
             assert select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1], "standard input is not read"
             piece = piece[os.write(fd, piece):]
-        time.sleep(0.02)
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -127,7 +126,12 @@ def test_stopped_then_the_whole_stream_again_writes_nothing_twice_and_loses_noth
         # killed once a checkpoint holds the stream's state (its chain: where each rank was)
         wait_until(lambda: len(scalars(live / "rank_1").get("loss", {})) >= 50
                    and list((live / STATE).glob("state-*.json")), 30, "steps written and checkpointed")
-        time.sleep(0.3)  # a checkpoint after them, too
+
+        def checkpointed_after_the_steps() -> bool:
+            runs = [f.stat().st_mtime_ns for rank in (0, 1) for f in (live / f"rank_{rank}").glob("*tfevents*")]
+            return next((live / STATE).glob("state-*.json")).stat().st_mtime_ns >= max(runs)
+
+        wait_until(checkpointed_after_the_steps, 10, "a checkpoint after the steps written")
     finally:
         proc.send_signal(stop)
         proc.communicate(timeout=30)

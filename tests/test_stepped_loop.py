@@ -3,9 +3,10 @@
 ``run_daemon`` and ``run_job_aggregate`` run in a thread with a :class:`FakeClock`, a
 :class:`ManualWaker` and their own :class:`Requests` (no signal handlers). Each
 :meth:`SteppedLoop.step` moves the clock, lets exactly one round run and returns once the loop
-waits again, so a companion wait, a checkpoint interval or an aggregate timeout is crossed by
-stepping time, never by sleeping, and the output is read back between two rounds (the loop is
-parked) with TensorBoard's loaders and the checkpoint's own model.
+waits again, so a companion wait, a stall threshold, a checkpoint interval or an aggregate
+timeout is crossed by stepping time, never by sleeping, and the output is read back between two
+rounds (the loop is parked) with TensorBoard's loaders and the checkpoint's own model. (The
+engine reads the same clock, :attr:`Settings.clock`, so a step's arrival and the loop agree.)
 """
 
 from __future__ import annotations
@@ -162,3 +163,31 @@ def test_job_aggregate_timeout(tmp_path: Path) -> None:
     marks = texts(mean)[MISSING_TAG]
     assert list(marks) == [3] and "rank(s) 1" in marks[3], marks
     assert job.stop() == 0
+
+
+def test_stall_threshold(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A rank with no new step for --alerts stall min-seconds of the loop's clock (its median
+    step time being short) is paged once, at that moment and not before, while the other goes
+    on; the loop asks to wake by then however long it would otherwise wait."""
+    config = _config(tmp_path, alerts={"stall": {"factor": 10, "min_seconds": 60}})
+    logs = [_log(tmp_path, rank) for rank in (0, 1)]
+    for log in logs:
+        log.step(3)
+    loop = SteppedLoop(run_daemon, config).start()
+    for _ in range(5):  # a step of each rank every second
+        for log in logs:
+            log.step()
+        loop.step(1.0)
+    for _ in range(5):  # rank 1 hangs; rank 0 goes on, a step every 10 s
+        logs[0].step()
+        loop.step(10.0)
+        assert loop.wait_asked <= 10.05
+    assert "ALERT stall" not in caplog.text
+    loop.step(10.0)  # 60 s after rank 1's last step: due, not past
+    assert "ALERT stall" not in caplog.text and not texts(loop.config.out / "rank_1").get("alerts/stall")
+    loop.step(1 / 64)
+    assert caplog.text.count("ALERT stall: rank 1") == 1 and "ALERT stall: rank 0" not in caplog.text
+    assert list(texts(loop.config.out / "rank_1")["alerts/stall"]) == [8]  # at rank 1's last step
+    loop.step(None)
+    assert caplog.text.count("ALERT stall: rank 1") == 1  # paged once
+    assert loop.stop() == 0

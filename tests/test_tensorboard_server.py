@@ -13,12 +13,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from live_helpers import poll
 from sidecar.cli import main
 
 VERSIONS = Path(__file__).parent / "fixtures" / "versions"
@@ -42,16 +42,9 @@ def _get(url: str) -> object:
 
 def _scalars(port: int, run: str, tag: str, want: int, deadline: float) -> list[list[float]]:
     url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?run={run}&tag={tag}"
-    points: list[list[float]] = []
-    while time.monotonic() < deadline:
-        try:
-            points = _get(url)  # type: ignore[assignment]
-            if len(points) >= want:
-                return points
-        except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
-            pass
-        time.sleep(0.5)
-    return points
+    points = poll(lambda: _get(url), lambda got: len(got) >= want, deadline - time.monotonic(),
+                  (OSError, json.JSONDecodeError))[1]
+    return points or []  # type: ignore[return-value]
 
 
 def _write_resumed_log(path: Path) -> None:

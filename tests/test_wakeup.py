@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.following.clock import SYSTEM, Clock, FakeClock
 from sidecar.following.wakeup import WakeUp
 
 
@@ -24,8 +25,8 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _wake(tree: Path, interval: float) -> WakeUp:
-    wake = WakeUp([tree / "log"], tree / "out", poll_only=False, interval=interval)
+def _wake(tree: Path, interval: float, clock: Clock = SYSTEM) -> WakeUp:
+    wake = WakeUp([tree / "log"], tree / "out", poll_only=False, interval=interval, clock=clock)
     if not wake.events:
         pytest.skip("inotify is not available here")
     return wake
@@ -43,11 +44,14 @@ def _timed_wait(wake: WakeUp, timeout: float = 10.0) -> float:
 
 
 def test_a_write_after_a_quiet_spell_is_taken_at_once(tree: Path) -> None:
-    wake = _wake(tree, interval=3.0)
+    """The interval is counted on the WakeUp's clock, stepped here (a fake clock stands still
+    while the wait runs): quiet for longer than the interval, a write is taken at once."""
+    clock = FakeClock()
+    wake = _wake(tree, interval=3.0, clock=clock)
     try:
         _append(tree)
         assert _timed_wait(wake) < 1.5  # the first read: no interval to wait out
-        time.sleep(3.2)  # quiet for longer than the interval
+        clock.advance(3.2)  # quiet for longer than the interval
         _append(tree)
         assert _timed_wait(wake) < 1.5
     finally:
@@ -58,10 +62,10 @@ def test_a_writer_faster_than_the_interval_is_read_in_batches(tree: Path) -> Non
     wake = _wake(tree, interval=0.5)
     stop = threading.Event()
 
-    def write() -> None:
-        while not stop.is_set():
+    def write() -> None:  # a line every 20 ms until stopped
+        _append(tree)
+        while not stop.wait(0.02):
             _append(tree)
-            time.sleep(0.02)
 
     writer = threading.Thread(target=write)
     writer.start()
@@ -105,7 +109,7 @@ def batching(tree: Path) -> Iterator[WakeUp]:
 
 
 def test_a_signal_does_not_wait_for_the_batch(batching: WakeUp) -> None:
-    threading.Timer(0.3, batching.event.set).start()  # SIGTERM's relay rings the bell
+    threading.Timer(0.3, batching.wake).start()  # SIGTERM's relay rings the bell
     assert _timed_wait(batching) < 5
 
 

@@ -34,7 +34,8 @@ Assumptions and how each is guarded:
 Polling (no file events) a thousand files that do not grow would ``fstat`` each of them every
 poll; with :attr:`FileTail.backoff` set, a file that has not grown for :data:`QUIET_AFTER` seconds
 is looked at again only after a wait that doubles from :data:`QUIET_START` up to ``backoff``
-seconds, and is back to every read as soon as it grows.
+seconds, and is back to every read as soon as it grows. Those waits are measured on the
+:class:`~sidecar.following.clock.Clock` it is given (a test steps a fake one).
 
 A stream (``--watch -``, standard input: a pipe from ``kubectl logs -f`` or ``tee``) is read by
 :class:`StreamTail`, with the same line splitting, long-line skipping and binary check. It cannot
@@ -50,10 +51,11 @@ import hashlib
 import os
 import re
 import select
-import time
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
+
+from sidecar.following.clock import SYSTEM, Clock
 
 HEAD_BYTES = 1024
 MARKER_BYTES = 64  # the marker of checkpoints written before whole-line markers (FileState.marker_kind 1)
@@ -123,8 +125,9 @@ class FileTail:
 
     stream = False  # a StreamTail: no file behind it
 
-    def __init__(self, path: Path, fd: int, max_line: int = 1 << 20) -> None:
+    def __init__(self, path: Path, fd: int, max_line: int = 1 << 20, clock: Clock = SYSTEM) -> None:
         self.path = path
+        self._clock = clock  # the backoff's waits
         self.identity = Identity.of(os.fstat(fd))
         self.offset = 0
         self.max_line = max_line
@@ -138,7 +141,7 @@ class FileTail:
         self.backoff = 0.0  # longest wait between looks at a file that does not grow (0: look every read)
         self._quiet = 0.0  # the current wait
         self._next_look = 0.0  # monotonic time before which a read does not look
-        self._grew = time.monotonic()  # when a read last found new bytes
+        self._grew = clock.monotonic()  # when a read last found new bytes
         self._fd: int | None = fd
         # The file's first bytes and the bytes just before the offset, as read: a file that
         # still holds both was appended to, not rewritten.
@@ -146,11 +149,11 @@ class FileTail:
         self._before = b""
 
     @classmethod
-    def open(cls, path: Path, max_line: int = 1 << 20) -> "FileTail":
+    def open(cls, path: Path, max_line: int = 1 << 20, clock: Clock = SYSTEM) -> "FileTail":
         """Open ``path`` now: whatever file it names at this instant is the one followed."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return cls(path, fd, max_line)
+            return cls(path, fd, max_line, clock)
         except BaseException:
             os.close(fd)
             raise
@@ -222,19 +225,19 @@ class FileTail:
         """Up to ``budget`` bytes of complete lines as ``(start offset, line without \\n)``."""
         fd = self._open()
         self.starved = False
-        if self.backoff and time.monotonic() < self._next_look:
+        if self.backoff and self._clock.monotonic() < self._next_look:
             return []
         self.size = size = os.fstat(fd).st_size
         if size < self.offset:
             self._restart()
         if size == self.offset:
-            if self.backoff and (now := time.monotonic()) - self._grew >= QUIET_AFTER:
+            if self.backoff and (now := self._clock.monotonic()) - self._grew >= QUIET_AFTER:
                 self._quiet = min(self.backoff, 2 * self._quiet or QUIET_START)
                 self._next_look = now + self._quiet
             return []
         if self._quiet:
             self._quiet = self._next_look = 0.0
-        self._grew = time.monotonic()
+        self._grew = self._clock.monotonic()
         data = self._read_checked(fd, max(budget, self.max_line + 1), size)
         base = self.offset
         self.starved = base + len(data) < size

@@ -104,7 +104,7 @@ def run_daemon(config: SidecarConfig, sinks: Sequence[Sink] = (), clock: Clock =
     if gauges is not None:
         settings.sinks.append(gauges)
     engine = Engine(settings)
-    notifier = Notifier()
+    notifier = Notifier(clock)
     if wake is None:
         wake = WakeUp(config.paths, config.out, config.poll, config.min_read_interval, clock)
     if requests is None:

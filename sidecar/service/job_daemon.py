@@ -57,7 +57,7 @@ def run_job_aggregate(config: SidecarConfig, once: bool, clock: Clock = SYSTEM, 
     if requests is None:
         requests = Requests()
         install(requests, wake.wake, reload=False)
-    notifier = Notifier()
+    notifier = Notifier(clock)
     job = _job(config, config.aggregate_timeout, loss_ranks)
     try:
         job.scan()

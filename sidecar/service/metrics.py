@@ -214,10 +214,10 @@ class Probes:
 
     def alive(self) -> tuple[int, str]:
         notifier = self.notifier
-        if notifier.ready_at is None:
+        age = notifier.since_healthy()
+        if age is None:
             return 200, "starting: the first scan is running"
         limit = 2 * notifier.watchdog_interval if notifier.watchdog_interval else STALE_AFTER
-        age = time.monotonic() - (notifier.healthy_at or notifier.ready_at)
         if age <= limit:
             return 200, f"alive: the main loop ran {age:.1f} s ago"
         return 503, f"stalled: the main loop last ran {age:.0f} s ago (limit {limit:g} s)"

@@ -8,13 +8,15 @@ main loop after a healthy iteration, so a stuck writer stops the pings and syste
 from __future__ import annotations
 
 import os
-import time
 
 from sdnotify import SystemdNotifier
 
+from sidecar.following.clock import SYSTEM, Clock
+
 
 class Notifier:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock  # the loop's: the health probe measures the loop in its own time
         self.enabled = bool(os.environ.get("NOTIFY_SOCKET"))
         self._sd = SystemdNotifier() if self.enabled else None
         usec = os.environ.get("WATCHDOG_USEC")
@@ -33,7 +35,7 @@ class Notifier:
     def ready(self, status: str) -> None:
         self.send(f"READY=1\nSTATUS={status}")
         self._last_status = status
-        self.ready_at = time.monotonic()
+        self.ready_at = self.clock.monotonic()
 
     def status(self, status: str) -> None:
         if status != self._last_status:
@@ -42,12 +44,17 @@ class Notifier:
 
     def healthy(self) -> None:
         """Called by the main loop after an iteration that made progress or was idle-healthy."""
-        now = self.healthy_at = time.monotonic()
+        now = self.healthy_at = self.clock.monotonic()
         if self.watchdog_interval is None:
             return
         if now - self._last_ping >= self.watchdog_interval:
             self.send("WATCHDOG=1")
             self._last_ping = now
+
+    def since_healthy(self) -> float | None:
+        """Seconds since the loop last said it ran (or since it was ready); None before that."""
+        last = self.healthy_at or self.ready_at
+        return None if last is None else self.clock.monotonic() - last
 
     def stopping(self) -> None:
         self.send("STOPPING=1")

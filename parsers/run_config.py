@@ -17,15 +17,18 @@ TensorBoard's HParams tab needs them as data. mindformers prints them without be
   the whole configuration after mindformers' defaults as a multi-line Python literal. It is
   collected with a bounded accumulator (:data:`MAX_DUMP_BYTES`), object reprs such as
   ``<...MoEConfig object at 0x7f...>`` are made strings (without the address, which differs per
-  run), and it is read with :func:`ast.literal_eval` node by node: a value that is not a literal
-  (``CosineWithWarmUpLR()``, ``Parameter (name=...)``) becomes its source text. Nothing is executed.
+  run), and it is read with :func:`ast.literal_eval` node by node (:mod:`parsers.literal`): a value
+  that is not a literal (``CosineWithWarmUpLR()``, ``Parameter (name=...)``) becomes its source
+  text. Nothing is executed.
 - mindformers itself never logs the graph/PyNative mode: it is ``context.mode`` of the dump only.
   (A ``Running MindFormers in GRAPH_MODE`` line is a launcher's own, printed before its config
   overrides: the genuine PyNative run of ``tests/fixtures/real`` prints it too, so it is not read.)
 
 :class:`StartupCollector` (one per stream) turns messages into field updates; :class:`RunConfig`
-(one per rank) holds them. :func:`settings` flattens a description into the values TensorBoard's
-HParams tab shows, and :func:`config_hash` hashes them without the run-specific ones (paths,
+(one per rank) holds them. The batch formula and the parallel_config dict's world size are read by
+:mod:`parsers.parallel_lines`, the one reader of them. :func:`settings` flattens a description
+into the values TensorBoard's HParams tab and the config card show
+(:mod:`sidecar.output.config_card`), and :func:`config_hash` hashes them without the run-specific ones (paths,
 host, rank, device id), so two runs of one configuration share a hash. Without the dump (an
 ``info.log`` alone) the settings are the start-up lines only, which leave out most of the
 configuration (the learning rate, the optimizer, the model's sizes): two runs that differ there
@@ -35,18 +38,17 @@ covers) rather than claim an equality it cannot know. Pure: no I/O, no clocks.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import re
-import sys
 from dataclasses import dataclass, field, fields
 
+from parsers.literal import read_literal
+from parsers.parallel_lines import batch_formula, world_of_dict, world_of_factors
 from parsers.prefix import Message
 from parsers.values import INT64_MAX
 
 MAX_DUMP_BYTES = 4 << 20  # a pprint dump larger than this is dropped (counted), not parsed
-MAX_TEXT = 200  # longest string value shown as a hyperparameter
 DUMP_DROPPED = "dump_dropped"  # an update that says a dump was seen but not read
 PARTIAL = "partial-"  # the prefix of a hash over the start-up lines only (no dump was read)
 
@@ -131,17 +133,13 @@ def _count(value: object) -> int | None:
 
 
 def _world_size(factors: dict[str, int], dump: dict, parallel: dict) -> int | None:
+    """The batch formula's device_num, else the dump's, else dp*mp*cp*pp of the parallel_config
+    dict: the lines read as :mod:`parsers.parallel_lines` reads them for the aggregate."""
     if "device_num" in factors:
-        return factors["device_num"]
+        return world_of_factors(factors)
     if isinstance(dump.get("device_num"), int):
         return dump["device_num"]
-    found = [parallel.get(k, 1) for k in ("data_parallel", "model_parallel", "context_parallel", "pipeline_stage")]
-    if parallel and all(isinstance(v, int) and v > 0 for v in found):
-        world = 1
-        for v in found:
-            world *= v
-        return world
-    return None
+    return world_of_dict(parallel)
 
 
 # -- start-up lines ------------------------------------------------------------------------------
@@ -182,8 +180,6 @@ _PATTERNS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
 _LR_PHASE = re.compile(rf"Current (\w+)_ratio is ({_NUM}), total_steps is ({_INT}), \w+_steps will be set to ({_INT})")
 _LR_EPOCHS = re.compile(rf"Get warmup_steps\(({_INT})\) = int\(warmup_epochs\(({_NUM})\)")
 _LR_INIT = re.compile(rf"warmup_lr_init is not set\. The default value ({_NUM}) ")
-_FACTOR_NAMES = re.compile(r"[a-z_]+(?: \* [a-z_]+)+")
-_FACTOR_VALUES = re.compile(rf"{_INT}(?: \* {_INT})+")
 
 
 def parse_startup_line(text: str) -> dict[str, object] | None:
@@ -204,7 +200,7 @@ def parse_startup_line(text: str) -> dict[str, object] | None:
             out.update({n: _typed(n, v) for n, v in zip(names, m.groups())})
     at = text.find(_GBS)
     if at >= 0:
-        out.update(_batch_formula(text[at + len(_GBS):]))
+        out.update(batch_formula(text[at + len(_GBS):]))
     lr = _lr_line(text)
     if lr:
         out["lr_schedule"] = lr
@@ -219,25 +215,6 @@ def _typed(name: str, raw: str) -> object:
     return raw
 
 
-def _batch_formula(formula: str) -> dict[str, object]:
-    """``a * b * c = G = 2 * 8 * 1`` (v1.0+) or ``a * b = 2 * 8 = G`` (up to r0.8): the total and
-    each factor by name (the value list of the same length as the names, at the same place)."""
-    names_m = _FACTOR_NAMES.match(formula)
-    if not names_m:
-        return {}
-    names = names_m.group(0).split(" * ")
-    out: dict[str, object] = {}
-    for side in formula[names_m.end():].split(" = ")[1:]:
-        side = side.strip().rstrip(").").strip()
-        if re.fullmatch(_INT, side):
-            out["global_batch_size"] = int(side)
-        elif _FACTOR_VALUES.fullmatch(side):
-            values = side.split(" * ")
-            if len(values) == len(names):
-                out["batch_factors"] = {n: int(v) for n, v in zip(names, values)}
-    return out
-
-
 def _lr_line(text: str) -> dict[str, float]:
     m = _LR_PHASE.match(text)
     if m:
@@ -250,46 +227,6 @@ def _lr_line(text: str) -> dict[str, float]:
     if m:
         return {"warmup_lr_init": float(m.group(1))}
     return {}
-
-
-# -- the pprint dump ---------------------------------------------------------------------------
-
-_OBJECT_REPR = re.compile(r"<([A-Za-z_][\w.]*(?: [\w.]+)*?) at 0x[0-9a-fA-F]+>")
-_CLASS_REPR = re.compile(r"<class '([\w.]+)'>")
-# ``Parameter (name=model.layers.0.wq, shape=(64, 64), ...)``: a repr that is not even Python syntax.
-_CALL_REPR = re.compile(r"\b[A-Z]\w* ?\((?:[^()'\"\n]|\([^()'\"\n]*\))*\)")
-
-
-def read_literal(text: str) -> object:
-    """A Python literal as printed by ``repr``/``pprint``, or ``None`` if it is not one.
-
-    Object reprs are made strings first (their addresses dropped); a sub-expression that is not a
-    literal (a call, a name) is kept as its source text; if that is still not Python syntax,
-    call-like reprs (``Name (...)``) are made strings too. Never raises, never executes anything.
-    """
-    text = _OBJECT_REPR.sub(lambda m: repr(f"<{m.group(1)}>"), text)
-    text = _CLASS_REPR.sub(lambda m: repr(f"<class {m.group(1)}>"), text)
-    for attempt in (text, _CALL_REPR.sub(lambda m: repr(m.group(0)), text)):
-        try:
-            tree = ast.parse(attempt, mode="eval")
-            return _node_value(tree.body, attempt)
-        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
-            continue
-    return None
-
-
-def _node_value(node: ast.expr, source: str) -> object:
-    if isinstance(node, ast.Dict):
-        return {
-            str(_node_value(k, source)) if k is not None else "**": _node_value(v, source)
-            for k, v in zip(node.keys, node.values)
-        }
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        return [_node_value(e, source) for e in node.elts]
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError):
-        return ast.get_source_segment(source, node) or ast.unparse(node)
 
 
 class StartupCollector:
@@ -372,7 +309,7 @@ class StartupCollector:
         self.updates[DUMP_DROPPED] = True
 
 
-# -- settings, hash, card --------------------------------------------------------------------
+# -- settings, hash --------------------------------------------------------------------
 
 # Keys (last component) whose values differ between runs of one configuration.
 _RUN_SPECIFIC = re.compile(
@@ -419,44 +356,3 @@ def config_hash(values: dict[str, Value], partial: bool = False) -> str:
     canonical = json.dumps(kept, sort_keys=True, default=str, ensure_ascii=False, allow_nan=True)
     digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
     return PARTIAL + digest if partial else digest
-
-
-_DOUBLE_MAX = int(sys.float_info.max)
-
-
-def hparams(values: dict[str, Value]) -> dict[str, str | float | bool]:
-    """The settings TensorBoard's HParams tab can show: no ``None``, strings cut at :data:`MAX_TEXT`,
-    an integer beyond a double (its numbers) as its digits."""
-    out: dict[str, str | float | bool] = {}
-    for key, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _DOUBLE_MAX:
-            value = str(value)
-        if isinstance(value, str) and len(value) > MAX_TEXT:
-            value = value[: MAX_TEXT - 1] + "…"
-        out[key] = value
-    return out
-
-
-def markdown(values: dict[str, Value], digest: str) -> str:
-    """The ``config`` text card: a table of the start-up facts, then the configuration; for a
-    :data:`PARTIAL` hash, first what it covers."""
-    lines = [f"**config hash** `{digest}`", ""]
-    if digest.startswith(PARTIAL):
-        lines += ["*Partial:* no full configuration dump was read (it is in the stdout log, `worker_N.log`, "
-                  "of every eighth rank), only mindformers' start-up lines. The hash covers the settings "
-                  "below and nothing else: the `run.` facts (task, model, parallel mode, global batch size "
-                  "and its factors, world size, pipeline stages, parameter count, epochs, data set size, "
-                  "warm-up lines) and the parallel, recompute, MoE and swap configurations. Runs that "
-                  "differ elsewhere (learning rate and its schedule, optimizer, model sizes, seed) share "
-                  "it. Name the stdout log on the command line too for a hash of the whole configuration.", ""]
-    lines += ["| setting | value |", "|---|---|"]
-    for key, value in values.items():
-        if value is None:
-            continue
-        shown = str(value).replace("|", "\\|").replace("\n", " ")
-        if len(shown) > MAX_TEXT:
-            shown = shown[: MAX_TEXT - 1] + "…"
-        lines.append(f"| `{key}` | {shown} |")
-    return "\n".join(lines)

@@ -35,11 +35,12 @@ from parsers.event_lines import parse_checkpoint_line, parse_eval_line, parse_ma
 from parsers.fast_path import NOT_PLAIN, Shapes, classify, plain
 from parsers.field_shapes import learn, read_fields
 from parsers.line import parse_message, text_of
+from parsers.literal import read_literal
 from parsers.parallel_lines import parse_parallel_line
 from parsers.prefix import PrefixSplitter
 from parsers.rank_labels import RankRouter
 from parsers.records import MalformedLine, Record
-from parsers.run_config import StartupCollector, parse_startup_line, read_literal
+from parsers.run_config import StartupCollector, parse_startup_line
 from parsers.torn import tears
 from parsers.values import parse_bool, parse_int64, parse_number, split_fields
 from sidecar.following.chains import Stream

@@ -7,11 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parsers.assembler import StreamAssembler
 from parsers.line import parse_message
+from parsers.parallel_lines import parse_parallel_line
 from parsers.prefix import Message, PrefixSplitter
 from parsers.records import ParallelConfigLine
+from parsers.run_config import RunConfig, parse_startup_line
 
 REAL = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output"
 _BAR = "  5.2% |██                                                | 0.86313 samples/s/p  2:26:41 }"
@@ -105,3 +109,60 @@ def test_a_config_line_between_head_and_bar_does_not_split_the_record() -> None:
     for line in (_HEAD, "world_size: 16", _BAR):
         out += asm.feed(_parse(line), None, 0, 0.0)
     assert len(out) == 1 and out[0].scalars["throughput"] == 0.86313
+
+
+def _card_world(text: str) -> int | None:
+    """The world size the run configuration (config card, run.json) takes from the line alone."""
+    config = RunConfig()
+    config.update(parse_startup_line(text) or {})
+    return config.facts()["world_size"]
+
+
+def _aggregate_world(text: str) -> int | None:
+    line = parse_parallel_line(text)
+    return None if line is None else line.world_size
+
+
+_SHARED = [  # every batch-formula and parallel_config line above, stating a world size or not
+    "global_batch_size = batch_size_per_card * device_num = 2 * 8 = 16",
+    "global_batch_size = batch_size_per_card * device_num * gradient_accumulation_steps = 64 = 2 * 16 * 2",
+    "global_batch_size = per_batch_size * device_num = 64 * 16 = 1024",
+    "global_batch_size = per_batch_size * data_parallel = 64 * 2 = 128",
+    "initial parallel_config from dict: {'data_parallel': 2, 'model_parallel': 4, 'pipeline_stage': 2, "
+    "'micro_batch_num': 32, 'vocab_emb_dp': False, 'recompute': False}",
+    "initial parallel_config from dict: {'model_parallel': 8, 'micro_batch_num': 1}",
+    "initial parallel_config from dict: {'data_parallel': 99999999999, 'model_parallel': 1}",
+    "initial parallel_config from dict: {'data_parallel': 0, 'model_parallel': 1}",
+    "initial parallel_config from dict: {'micro_batch_num': 1}",
+    "initial parallel_config from dict: {'data_parallel': True, 'model_parallel': 2}",
+]
+
+
+@pytest.mark.parametrize("text", _SHARED)
+def test_the_aggregate_and_the_config_card_read_one_world_size(text: str) -> None:
+    """One reader of the batch formula and the parallel_config dict (parsers.parallel_lines): the
+    world size the aggregate takes from a line is the one the run configuration shows."""
+    assert _aggregate_world(text) == _card_world(text)
+
+
+_FACTOR = st.one_of(st.integers(-3, 10**8), st.booleans(), st.none(), st.sampled_from(["'x'", "2.0"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["data_parallel", "model_parallel", "context_parallel", "pipeline_stage",
+                                        "micro_batch_num", "expert_parallel"]), _FACTOR, max_size=6))
+def test_any_parallel_config_dict_gives_both_the_same_world_size(factors: dict[str, object]) -> None:
+    text = "initial parallel_config from dict: {" + ", ".join(f"'{k}': {v}" for k, v in factors.items()) + "}"
+    assert _aggregate_world(text) == _card_world(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["batch_size_per_card", "per_batch_size", "device_num", "data_parallel",
+                                 "gradient_accumulation_steps", "micro_batch_num"]), min_size=2, max_size=4),
+       st.lists(st.integers(-2, 10**9), min_size=1, max_size=5), st.integers(0, 10**6), st.booleans())
+def test_any_batch_formula_gives_both_the_same_world_size(names: list[str], values: list[int], total: int,
+                                                          total_first: bool) -> None:
+    product = " * ".join(map(str, values))
+    sides = [str(total), product] if total_first else [product, str(total)]
+    text = "global_batch_size = " + " * ".join(names) + " = " + " = ".join(sides)
+    assert _aggregate_world(text) == _card_world(text)

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from parsers.literal import read_literal
 from parsers.prefix import PrefixSplitter
 from parsers.run_config import (
     MAX_DUMP_BYTES,
     RunConfig,
     StartupCollector,
     config_hash,
-    hparams,
     parse_startup_line,
-    read_literal,
     settings,
 )
+from sidecar.output.config_card import hparams
 
 
 @pytest.mark.parametrize(

@@ -62,11 +62,10 @@ from parsers.run_config import (
     RunConfig,
     Value,
     config_hash,
-    hparams,
     is_run_specific,
-    markdown,
     settings,
 )
+from sidecar.output.config_card import hparams, markdown
 from sidecar.output.durable import write_atomic
 from sidecar.output.run_writer import RunWriter, text_value
 

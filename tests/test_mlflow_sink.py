@@ -63,17 +63,6 @@ def history(server: MLflowServer, run_id: str, key: str) -> list[tuple[int, floa
     return sorted((m.step, m.value) for m in server.client().get_metric_history(run_id, key))
 
 
-def wait_for(cond, timeout: float, what: str):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
-
-
 # -- the sink on its own ----------------------------------------------------------------------
 def test_params_tags_and_lifecycle(server: MLflowServer, tmp_path: Path) -> None:
     """One MLflow run per run, tagged; settings as params (a long value cut visibly, the full
@@ -126,7 +115,7 @@ def test_server_down_then_up_and_restart(server: MLflowServer, tmp_path: Path) -
     for step in range(1, 2501):  # more than one log_batch request
         sink.write("rank_0", 0, Record(step, 1_800_000_000.0 + step, {"loss": step * 0.5, "lr": 1e-3}))
     state = sink.sync()
-    wait_for(lambda: sink.health()["retries"] >= 2, 60, "the sender to retry")
+    wait_until(lambda: sink.health()["retries"] >= 2, 60, "the sender to retry")
     assert sink.health()["queued"] == 5000
     sink.close()  # gives up after the drain timeout: the points stay in the spool
 
@@ -183,7 +172,7 @@ def test_bad_uri_warns_and_keeps_the_points(tmp_path: Path, caplog: pytest.LogCa
     sink.restore(None)
     sink.write("rank_0", 0, Record(1, None, {"loss": 1.0}))
     sink.sync()
-    wait_for(lambda: sink.health()["retries"] >= 1, 60, "a failed attempt")
+    wait_until(lambda: sink.health()["retries"] >= 1, 60, "a failed attempt")
     sink.close()
     assert sink.health()["queued"] == 1
     assert any("nonsense://nowhere" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
@@ -292,7 +281,7 @@ def test_live_sigkill_and_server_outage(server: MLflowServer, tmp_path: Path) ->
                        len(history(server, runs[name].info.run_id, "loss")) >= count
                        for name, count in wanted.items())
 
-        wait_until(all_there, 180, "every point and the finish in MLflow", interval=1.0)
+        wait_until(all_there, 180, "every point and the finish in MLflow", every=1.0)
         rc, _ = sidecar.stop(signal.SIGTERM)
         assert rc == 0, sidecar.stderr()
     finally:

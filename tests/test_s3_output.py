@@ -479,7 +479,7 @@ def test_a_live_aggregate_follows_what_the_nodes_upload(s3: Moto, tmp_path: Path
         job.start(wait_ready=False)
         upload(5)
         want = {step: sum(rank * 100000 + step for rank in range(4)) / 4 for step in range(1, 11)}
-        wait_until(lambda: mean() == pytest.approx(want), 60, "the mean of all ten steps in the bucket", interval=1)
+        wait_until(lambda: mean() == pytest.approx(want), 60, "the mean of all ten steps in the bucket", every=1)
         rc, _ = job.stop()
         assert rc == 0, job.stderr()
     finally:

@@ -2,7 +2,8 @@
 that keeps what it is handed only through the checkpoint (:mod:`recording_sink`) shows every point of
 every tag of the event files, as TensorBoard reads them back (:func:`outputs.read_out`), exactly
 once: through a replay, a second replay, and a live sidecar stopped, restarted with a long
-checkpoint interval and killed after a training resume it had not checkpointed."""
+checkpoint interval and killed after a training resume it had not checkpointed. Its health
+reaches the status line, the summary and the metrics through the engine's snapshot."""
 
 from __future__ import annotations
 
@@ -12,10 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from prometheus_client.exposition import generate_latest
+
 from live_helpers import tb_points, wait_until
 from outputs import read_out, same_value
 from recording_sink import RecordingSink
 from sidecar.cli import main
+from sidecar.engine import Engine, Settings
+from sidecar.service.metrics import TrainingGauges, registry_for
+from sidecar.service.report import summary
+from sidecar.service.status import status_line
 
 REAL = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output" / "log"
 DRIVER = Path(__file__).with_name("recording_sink.py")
@@ -140,3 +147,26 @@ def test_a_live_sidecar_killed_after_a_resume_hands_the_sink_what_it_lost_again(
     assert ["rank_0", 1] in sink["resumes"]
     for name in ("rank_0", "rank_1"):
         assert sink["metas"][name] == json.loads((out / name / "run.json").read_text())["settings"]
+
+
+def test_the_snapshot_reports_each_sink_in_the_status_line_the_summary_and_the_metrics(tmp_path: Path) -> None:
+    """``Engine.progress()`` is what the service layer reads: a sink's health (here: the points it
+    holds) is in the status line, the replay summary and ``mstb_sidecar_sink_health``, with the same count."""
+    sink = RecordingSink()
+    engine = Engine(Settings(out=tmp_path / "tb", roots=[REAL], sinks=[sink]))
+    engine.scan()
+    while engine.pump(1 << 20, 0.0):
+        pass
+    engine.end_of_input()
+    engine.checkpoint()
+    progress = engine.progress()
+    held = sum(len(steps) for tags in sink.points.values() for steps in tags.values())
+    assert held > 0 and progress.sinks["recording"] == {"points": held}
+    runs = [writer.points_written for writer in engine.tensorboard.writers.values()]  # ranks, samples, aggregate
+    assert progress.sinks["tensorboard"] == {"written": sum(runs)} and len(runs) > 2
+    assert progress.written_here == {0, 1} and progress.ranks[1].last_step == 200
+    assert status_line(progress, []).endswith(f", recording: {held} points")
+    assert f"recording: {held} points" in summary(progress, 1.0)
+    scraped = generate_latest(registry_for(engine, "job", TrainingGauges())[1]).decode()
+    assert f'mstb_sidecar_sink_health{{reason="points",sink="recording",training_job="job"}} {float(held)}' in scraped
+    engine.close()

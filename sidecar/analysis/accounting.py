@@ -75,6 +75,13 @@ class Accounting:
         self.dropped.update(other.dropped)
         self._unreadable.update(other._unreadable)
 
+    def copy(self) -> Accounting:
+        """A snapshot; safe from another thread (each dict is copied in one step, under the GIL)."""
+        out = Accounting()
+        out.written, out.dropped = Counter(dict(self.written)), Counter(dict(self.dropped))
+        out._unreadable = dict(self._unreadable)
+        return out
+
     def unreadable(self, path: Path, rank: int, exc: OSError) -> None:
         """A file cannot be read: warn and count once, until it is readable again."""
         why = exc.strerror or str(exc)

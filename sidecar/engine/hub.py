@@ -52,9 +52,9 @@ sink's ``sync()`` is saved in the checkpoint with the offsets it passed, and giv
 
 The engine is single-threaded and never sleeps: callers decide when to scan, pump and checkpoint.
 It is this module's hub (reading rounds, the per-line hot path, ticks, the end of input) and
-three parts: :mod:`~sidecar.engine.sources` (which files, in what order),
-:mod:`~sidecar.engine.delivery` (records to runs) and :mod:`~sidecar.engine.checkpoint` (state
-saved and taken back); :mod:`~sidecar.engine.settings` holds what they share.
+four parts: :mod:`~sidecar.engine.sources` (which files, in what order),
+:mod:`~sidecar.engine.delivery` (records to runs), :mod:`~sidecar.engine.checkpoint` (state
+saved and taken back) and :mod:`~sidecar.engine.progress` (what it did, as one snapshot); :mod:`~sidecar.engine.settings` holds what they share.
 A replay may run one engine per share of the ranks in worker processes (:meth:`Engine.restrict`,
 :mod:`sidecar.service.replay_workers`); what needs every rank then goes through :class:`CrossRank`.
 """
@@ -85,13 +85,14 @@ from sidecar.output.state import State, StateStore
 from sidecar.output.tensorboard import TensorBoardSink
 from sidecar.engine.checkpoint import CheckpointPart, trusted
 from sidecar.engine.delivery import DeliveryPart, Rank, RankStats
+from sidecar.engine.progress import ProgressPart
 from sidecar.engine.settings import LEAD, MIN_READ, NOTED, TOTAL_READ, CrossRank, Settings
 from sidecar.engine.sources import Source, SourcesPart
 
 log = logging.getLogger(__name__)
 
 
-class Engine(SourcesPart, DeliveryPart, CheckpointPart):
+class Engine(SourcesPart, DeliveryPart, CheckpointPart, ProgressPart):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = StateStore(settings.out, settings.instance,

@@ -118,7 +118,7 @@ def run_daemon(config: SidecarConfig, sinks: Sequence[Sink] = (), clock: Clock =
         log.info("watching %s (%s) -> %s; %d file(s) so far",
                  ", ".join(map(str, config.paths)), wake.mode,
                  f"{config.bucket} (staged in {config.out})" if config.bucket else config.out, len(engine.sources))
-        notifier.ready(status_line(engine, waiting.missing, others))
+        notifier.ready(status_line(engine.progress(), waiting.missing, others))
         if pusher is not None:
             pusher.start()
         while True:
@@ -144,7 +144,7 @@ def run_daemon(config: SidecarConfig, sinks: Sequence[Sink] = (), clock: Clock =
         if on_alert is not None:
             on_alert.close(config.drain_timeout)
     engine.close()
-    log.info("stopped: %s", status_line(engine, waiting.missing, others))
+    log.info("stopped: %s", status_line(engine.progress(), waiting.missing, others))
     return 0
 
 
@@ -265,7 +265,7 @@ def _loop(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Waker
         stale = stale or read > 0
         report = requests.report or now >= next_status
         if report or notifier.enabled and stale and now >= next_notify:  # built only when it goes somewhere
-            status = status_line(engine, waiting.missing, others)
+            status = status_line(engine.progress(), waiting.missing, others)
             notifier.status(status)
             stale, next_notify = False, now + NOTIFY_STATUS_EVERY
             if report:

@@ -4,7 +4,11 @@
   the hot path pays nothing. Every series carries ``training_job`` (``--job``), so a dashboard's
   job selector applies to all of them; per-rank ones add ``rank``, and an alert's name is the
   label ``alert`` wherever it appears. ``mstb_sidecar_build_info{version,python}`` is 1;
-  ``mstb_sidecar_training_state{state}`` says whether each rank runs, finished or failed.
+  ``mstb_sidecar_training_state{state}`` says whether each rank runs, finished or failed;
+  ``mstb_sidecar_sink_health{sink,reason}`` what each output beside the event files counts
+  (:meth:`Sink.health <sidecar.output.sink.Sink.health>`). Everything comes from one snapshot per scrape
+  (:meth:`Engine.progress <sidecar.engine.progress.ProgressPart.progress>`) and the training
+  gauges' sink (:class:`TrainingGauges`).
 - ``/healthz``: 200 while the main loop ran within its watchdog interval (systemd's
   ``WatchdogSec`` when set, else :data:`STALE_AFTER`), 503 once it did not: a stuck sidecar.
 - ``/readyz``: 200 once the first scan is done, 503 before.
@@ -40,9 +44,10 @@ from parsers.lifecycle import Lifecycle
 from parsers.records import Record
 from sidecar import __version__
 from sidecar.analysis.accounting import Reason
-from sidecar.engine import Engine
+from sidecar.engine import Engine, Progress
 from sidecar.output.sink import SinkState
 from sidecar.service.notify import Notifier
+from sidecar.service.status import TENSORBOARD
 
 # tag -> (metric name after mstb_sidecar_training_, help); iteration-time is exported in seconds
 TRAINING_GAUGES = {
@@ -104,18 +109,17 @@ class EngineCollector(Collector):
         self.gauges = gauges
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        engine = self.engine
-        sources = list(engine.sources.values())
+        progress = self.engine.progress()
         build = GaugeMetricFamily("mstb_sidecar_build_info", "Always 1; the labels say what runs",
                                   labels=["version", "python", "training_job", "sidecar"])
-        build.add_metric([__version__, platform.python_version(), self.job, engine.settings.instance], 1)
+        build.add_metric([__version__, platform.python_version(), self.job, progress.instance], 1)
         yield build
-        yield from self._training(engine, time.monotonic())
+        yield from self._training(progress, time.monotonic())
         job = [self.job]
-        yield self._one(CounterMetricFamily, "mstb_sidecar_bytes_read", "Log bytes read", engine.bytes_read)
-        yield self._one(CounterMetricFamily, "mstb_sidecar_lines_read", "Log lines read", engine.lines_read)
+        yield self._one(CounterMetricFamily, "mstb_sidecar_bytes_read", "Log bytes read", progress.bytes_read)
+        yield self._one(CounterMetricFamily, "mstb_sidecar_lines_read", "Log lines read", progress.lines_read)
         written = CounterMetricFamily("mstb_sidecar_records_written", "Step records written", labels=PER_RANK)
-        for rank_id, count in sorted(engine.accounting.written.items()):
+        for rank_id, count in sorted(progress.accounting.written.items()):
             written.add_metric([*job, str(rank_id)], count)
         yield written
         dropped = CounterMetricFamily(
@@ -123,35 +127,35 @@ class EngineCollector(Collector):
             f"Records or lines read but not written, by reason ({', '.join(r.value for r in Reason)})",
             labels=[*PER_RANK, "reason"],
         )
-        for (rank_id, reason), count in sorted(engine.accounting.dropped.items()):
+        for (rank_id, reason), count in sorted(progress.accounting.dropped.items()):
             dropped.add_metric([*job, str(rank_id), reason.value], count)
         yield dropped
-        yield self._one(GaugeMetricFamily, "mstb_sidecar_files", "Files followed", len(sources))
+        yield self._one(GaugeMetricFamily, "mstb_sidecar_files", "Files followed", progress.following)
         yield self._one(GaugeMetricFamily, "mstb_sidecar_lag_bytes", "Bytes written to logs but not read yet",
-                        sum(max(s.tail.size - s.tail.offset, 0) for s in sources))
+                        progress.lag_bytes)
         points = CounterMetricFamily("mstb_sidecar_points_written", "Values written to event files", labels=PER_RANK)
-        for rank_id, rank in sorted(engine.ranks.items()):
-            points.add_metric([*job, str(rank_id)], rank.writer.points_written)
+        for rank_id in sorted(progress.written_here):
+            points.add_metric([*job, str(rank_id)], progress.ranks[rank_id].points)
         yield points
-        if engine.aggregator is not None:
+        if progress.aggregate is not None:
             yield self._one(GaugeMetricFamily, "mstb_sidecar_aggregate_pending_steps",
-                            "Steps the cross-rank aggregate waits for a rank to report",
-                            engine.aggregator.pending_steps())
+                            "Steps the cross-rank aggregate waits for a rank to report", progress.aggregate.pending)
             yield self._one(CounterMetricFamily, "mstb_sidecar_aggregate_incomplete_steps",
                             "Aggregate steps written without every rank (a rank late past "
                             "--aggregate-timeout, or a replay whose input ended first)",
-                            engine.aggregator.incomplete_steps)
+                            progress.aggregate.incomplete)
         alerts = CounterMetricFamily("mstb_sidecar_alerts", "Alert episodes begun (rank 'all': across ranks)",
                                      labels=[*PER_RANK, "alert"])
-        for (rank_id, name), count in sorted(engine.alerts.counts.items()):
+        for (rank_id, name), count in sorted(progress.alerts.items()):
             alerts.add_metric([*job, "all" if rank_id < 0 else str(rank_id), name], count)
         yield alerts
         sinks = GaugeMetricFamily("mstb_sidecar_sink_health", "Outputs beside the event files (--mlflow): "
                                   "what each counts, by reason (sent, queued, rejected, dropped-..., retries, "
                                   "seconds-failing)", labels=["training_job", "sink", "reason"])
-        for sink in engine.settings.sinks:  # the event files' own figures are above
-            for reason, count in sink.health().items():
-                sinks.add_metric([*job, sink.name, reason], count)
+        for name, counts in progress.sinks.items():
+            if name != TENSORBOARD:  # the event files' own figures are above
+                for reason, count in counts.items():
+                    sinks.add_metric([*job, name, reason], count)
         yield sinks
 
     def _one(self, family_type: type[F], name: str, help_text: str, value: float) -> F:
@@ -160,7 +164,7 @@ class EngineCollector(Collector):
         family.add_metric([self.job], value)
         return family
 
-    def _training(self, engine: Engine, now: float) -> Iterator[GaugeMetricFamily]:
+    def _training(self, progress: Progress, now: float) -> Iterator[GaugeMetricFamily]:
         """Per-rank training gauges and alert state, labelled by job and rank (bounded: one series
         per rank and metric, one per rank and alert raised)."""
         labels = PER_RANK
@@ -169,40 +173,39 @@ class EngineCollector(Collector):
         step = GaugeMetricFamily("mstb_sidecar_training_step", "Latest training step read", labels=labels)
         since = GaugeMetricFamily("mstb_sidecar_training_seconds_since_step",
                                   "Seconds since this sidecar read the rank's latest step", labels=labels)
-        for rank, watch in sorted(engine.alerts.ranks.items()):
+        for rank, figures in progress.ranks.items():
             key = [self.job, str(rank)]
-            if watch.last_step is not None:
-                step.add_metric(key, watch.last_step)
-            if watch.arrived is not None:
-                since.add_metric(key, max(now - watch.arrived, 0.0))
+            if figures.watched_step is not None:
+                step.add_metric(key, figures.watched_step)
+            if figures.arrived is not None:
+                since.add_metric(key, max(now - figures.arrived, 0.0))
         for rank, latest in sorted(self.gauges.latest.items()):
             for tag, value in latest.items():
                 families[tag].add_metric([self.job, str(rank)], value / 1000.0 if tag == tags.ITERATION_TIME else value)
         yield step
         yield since
-        yield self._lifecycle(engine)
+        yield self._lifecycle(progress)
         yield from families.values()
         active = GaugeMetricFamily("mstb_sidecar_alert_active",
                                    f"1 while an alert episode is on, and at least {ALERT_HOLD:g} s from its start "
                                    "so a short one is scraped; else 0 (rank 'all': across ranks)",
                                    labels=[*labels, "alert"])
-        alerts = engine.alerts
-        for key, on in sorted(alerts.active.items()):
+        for key, on in sorted(progress.alerts_active.items()):
             rank, name = key
-            held = now - alerts.started.get(key, -math.inf) < ALERT_HOLD
+            held = now - progress.alerts_started.get(key, -math.inf) < ALERT_HOLD
             active.add_metric([self.job, "all" if rank < 0 else str(rank), name], 1.0 if on or held else 0.0)
         yield active
 
-    def _lifecycle(self, engine: Engine) -> GaugeMetricFamily:
+    def _lifecycle(self, progress: Progress) -> GaugeMetricFamily:
         """One series per rank and state, 1 for the rank's current one (a Prometheus state set):
         the shipped TrainingStalled rule does not page for a finished or failed rank."""
         family = GaugeMetricFamily("mstb_sidecar_training_state",
                                    "1 for the rank's lifecycle state (running, finished, failed), else 0",
                                    labels=[*PER_RANK, "state"])
-        for rank, watch in sorted(engine.alerts.ranks.items()):
-            if watch.lifecycle is not None:
+        for rank, figures in progress.ranks.items():
+            if figures.lifecycle is not None:
                 for state in Lifecycle:
-                    family.add_metric([self.job, str(rank), state.value], 1.0 if state is watch.lifecycle else 0.0)
+                    family.add_metric([self.job, str(rank), state.value], 1.0 if state is figures.lifecycle else 0.0)
         return family
 
 

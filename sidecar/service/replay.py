@@ -119,15 +119,16 @@ def run_replay(config: SidecarConfig, alert_exit: int, sinks: Sequence[Sink] = (
         engine.close()
         if on_alert is not None:
             on_alert.close(ALERT_DRAIN)
-    if not engine.stats and not engine.summaries.events and engine.lines_read:
-        files = sorted(path for path, offset in engine.files().items() if offset)
+    progress = engine.progress()
+    if not progress.reported and not progress.summary_events and progress.lines_read:
+        files = sorted(path for path, offset in progress.files.items() if offset)
         log.warning("no mindformers step record was recognised in the %d line(s) read from %s; is it a "
                     "mindformers training log? 'mstb-sidecar check PATH' shows what each file was taken for",
-                    engine.lines_read, ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else ""))
+                    progress.lines_read, ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else ""))
     elif not config.quiet:
-        print(summary(engine, time.monotonic() - started))
+        print(summary(progress, time.monotonic() - started))
         print(f"open it with: tensorboard --logdir {config.bucket or config.out}")
-    failed = sorted(group.value for group in config.fail_on if engine.alerts.groups[group])
+    failed = sorted(group.value for group in config.fail_on if progress.alert_groups.get(group))
     if failed:
         log.error("failing as --fail-on asks: %s alert(s) raised (see above); the runs are written",
                   ", ".join(failed))

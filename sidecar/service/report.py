@@ -13,7 +13,8 @@ from collections import Counter
 from parsers import tags
 from sidecar.analysis.accounting import Reason
 from sidecar.analysis.aggregate import rank_ranges
-from sidecar.engine import Engine
+from sidecar.engine import Progress, RankProgress
+from sidecar.service.status import sink_health
 
 WIDTH = 100
 COLLAPSE = 3  # more tags than this under one prefix are listed as ``prefix/* (N tags)``
@@ -31,30 +32,33 @@ COLUMNS = ("steps = step records written; first, last = global steps; tags = tag
            "not written = records read but not written, and why")
 
 
-def summary(engine: Engine, seconds: float) -> str:
+def summary(progress: Progress, seconds: float) -> str:
     lines = [
-        f"read {len(engine.files())} file(s), {engine.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
-        f"-> {engine.settings.out}"
+        f"read {len(progress.files)} file(s), {progress.bytes_read / 1e6:.1f} MB in {seconds:.1f} s "
+        f"-> {progress.out}"
     ]
-    if not engine.stats and not engine.summaries.events:
+    stats = {rank: progress.ranks[rank] for rank in sorted(progress.reported)}
+    if not stats and not progress.summary_events:
         lines.append("nothing new since the last run")
         return "\n".join(lines)
-    lines += _table(engine)
-    lines += _groups(engine)
+    lines += _table(progress, stats)
+    lines += _groups(stats)
     lines += _wrap(f"columns: {COLUMNS}")
-    dropped = engine.accounting.totals()
+    dropped = progress.accounting.totals()
     if dropped:
         legend = "; ".join(f"{SHORT[r][0]} = {r.value}: {SHORT[r][1]}" for r in Reason if dropped[r])
-        lines += _wrap(f"not written, by reason: {engine.accounting.describe()} ({legend})")
-    lines += _resumes(engine)
-    if engine.aggregator is not None and engine.aggregator.writer.points_written:
-        incomplete = engine.aggregator.incomplete_steps
-        note = f" ({incomplete} step(s) written without every rank, see the warnings)" if incomplete else ""
-        lines.append(f"cross-rank aggregate: {engine.aggregator.writer.run_dir.relative_to(engine.settings.out)}{note}")
-    if engine.summaries.events:
-        lines.append(f"converted {engine.summaries.events} MindSpore summary event(s) "
-                     f"from {len(engine.summaries.files)} file(s)")
-    raised = engine.alerts.counts
+        lines += _wrap(f"not written, by reason: {progress.accounting.describe()} ({legend})")
+    lines += _resumes(stats)
+    aggregate = progress.aggregate
+    if aggregate is not None and aggregate.points:
+        note = f" ({aggregate.incomplete} step(s) written without every rank, see the warnings)" \
+            if aggregate.incomplete else ""
+        lines.append(f"cross-rank aggregate: {aggregate.run}{note}")
+    if progress.summary_events:
+        lines.append(f"converted {progress.summary_events} MindSpore summary event(s) "
+                     f"from {progress.summary_files} file(s)")
+    lines += _wrap("; ".join(sink_health(progress)))
+    raised = progress.alerts
     if raised:
         kinds = Counter[str]()
         for (_, name), count in raised.items():
@@ -64,10 +68,10 @@ def summary(engine: Engine, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def _table(engine: Engine) -> list[str]:
+def _table(progress: Progress, ranks: dict[int, RankProgress]) -> list[str]:
     rows = [HEADER]
-    for rank_id, stats in sorted(engine.stats.items()):
-        dropped = engine.accounting.of_rank(rank_id)
+    for rank_id, stats in ranks.items():
+        dropped = progress.accounting.of_rank(rank_id)
         rows.append((
             str(rank_id),
             str(stats.records),
@@ -85,10 +89,10 @@ def _table(engine: Engine) -> list[str]:
     return [line(row).rstrip() for row in rows]
 
 
-def _groups(engine: Engine) -> list[str]:
+def _groups(ranks: dict[int, RankProgress]) -> list[str]:
     """``ranks 0-7: r0.7+ graph trainer; tags: loss, ...``, once per distinct (format, tags)."""
     groups: dict[tuple[str, str], list[int]] = {}
-    for rank_id, stats in sorted(engine.stats.items()):
+    for rank_id, stats in ranks.items():
         formats = ", ".join(sorted(f.value for f in stats.families)) or "no step records"
         groups.setdefault((formats, _tag_list(stats.tags)), []).append(rank_id)
     lines: list[str] = []
@@ -97,7 +101,7 @@ def _groups(engine: Engine) -> list[str]:
     return lines
 
 
-def _tag_list(written: set[str]) -> str:
+def _tag_list(written: frozenset[str]) -> str:
     """Main metrics first, then the rest by name; a crowd under one prefix (``local_norm/<param>``)
     as ``local_norm/* (N tags)``."""
     main = [t for t in tags.MAIN if t in written]
@@ -115,10 +119,10 @@ def _tag_list(written: set[str]) -> str:
     return ", ".join(main + shown)
 
 
-def _resumes(engine: Engine) -> list[str]:
+def _resumes(ranks: dict[int, RankProgress]) -> list[str]:
     """``training resumed: rank 0 once; ranks 2-3 twice each``: counted per rank."""
     by_count: dict[int, list[int]] = {}
-    for rank_id, stats in sorted(engine.stats.items()):
+    for rank_id, stats in ranks.items():
         if stats.resumes:
             by_count.setdefault(stats.resumes, []).append(rank_id)
     if not by_count:

@@ -1,8 +1,8 @@
 """What the live sidecar tells an operator: the status line, paths it waits for, its decisions.
 
 The status line (systemd's ``STATUS=``, the periodic log line, SIGUSR1) is built from the engine's
-own counters (:mod:`sidecar.analysis.accounting`), so it never disagrees with the replay summary or the
-metrics endpoint. ``-v`` logs the sidecar's decisions (a file followed, renamed, let go; a rank
+snapshot (:class:`~sidecar.engine.Progress`: its own counters, :mod:`sidecar.analysis.accounting`),
+so it never disagrees with the replay summary or the metrics endpoint. ``-v`` logs the sidecar's decisions (a file followed, renamed, let go; a rank
 found), read off the engine between iterations, rather than the file events that led to them.
 """
 
@@ -15,8 +15,11 @@ from typing import Protocol
 
 from parsers.lifecycle import Lifecycle
 from sidecar.analysis.aggregate import rank_ranges
-from sidecar.engine import Engine
+from sidecar.engine import Engine, Progress
 from sidecar.following.tailer import STDIN, Identity
+from sidecar.output.tensorboard import TensorBoardSink
+
+TENSORBOARD = TensorBoardSink.name
 
 log = logging.getLogger(__name__)
 
@@ -29,28 +32,32 @@ class Described(Protocol):
     def describe(self) -> str: ...
 
 
-def status_line(engine: Engine, waiting: list[Path], others: Sequence[Described] = ()) -> str:
+def status_line(progress: Progress, waiting: list[Path], others: Sequence[Described] = ()) -> str:
     """``following 4 file(s), 2 rank(s), last step 16 (rank 0-1), training finished (rank 1), lag 0 bytes,
-    not written: ..., remote write: ...``"""
-    sources = list(engine.sources.values())
-    lag = sum(max(s.tail.size - s.tail.offset, 0) for s in sources)
-    parts = [f"following {len(sources)} file(s)", f"{len(engine.ranks)} rank(s)"]
-    steps = _last_steps(engine)
+    not written: ..., remote write: ..., mlflow: 12 sent``"""
+    parts = [f"following {progress.following} file(s)", f"{len(progress.written_here)} rank(s)"]
+    steps = _last_steps(progress)
     if steps:
         parts.append(f"last step {steps}")
-    ended = _ended(engine)
+    ended = _ended(progress)
     if ended:
         parts.append(ended)
-    parts.append(f"lag {lag} bytes")
-    dropped = engine.accounting.describe()
+    parts.append(f"lag {progress.lag_bytes} bytes")
+    dropped = progress.accounting.describe()
     if dropped:
         parts.append(f"not written: {dropped}")
     parts += [other.describe() for other in others]
-    parts += [f"{sink.name}: {told}" for sink in engine.settings.sinks if (told := _health(sink.health()))]
+    parts += sink_health(progress)
     line = ", ".join(parts)
     if waiting:
         line = f"waiting for {', '.join(map(str, waiting))} to appear; {line}"
     return line
+
+
+def sink_health(progress: Progress) -> list[str]:
+    """``mlflow: 1200 sent, 40 queued, 3 retries``: each output beside the event files (whose
+    points the rest of the line describes) that counts anything."""
+    return [f"{name}: {told}" for name, counts in progress.sinks.items() if name != TENSORBOARD and (told := _health(counts))]
 
 
 def _health(counts: Mapping[str, int]) -> str:
@@ -58,27 +65,28 @@ def _health(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {reason}" for reason, n in counts.items() if n)
 
 
-def _last_steps(engine: Engine) -> str:
+def _last_steps(progress: Progress) -> str:
     """Last step per rank, ranks with the same step grouped: ``16 (rank 0-6), 15 (rank 7)``;
     past :data:`MAX_STEP_GROUPS` the lowest step (the rank that lags) is kept."""
     by_step: dict[int, list[int]] = {}
-    for rank_id, rank in sorted(engine.ranks.items()):
-        if rank.stats.last_step is not None:
-            by_step.setdefault(rank.stats.last_step, []).append(rank_id)
+    for rank_id in sorted(progress.written_here):
+        last = progress.ranks[rank_id].last_step
+        if last is not None:
+            by_step.setdefault(last, []).append(rank_id)
     groups = [f"{step} (rank {rank_ranges(ranks, ',')})" for step, ranks in sorted(by_step.items(), reverse=True)]
     if len(groups) > MAX_STEP_GROUPS:
         groups = [*groups[:MAX_STEP_GROUPS - 1], f"... lowest {groups[-1]}"]
     return ", ".join(groups)
 
 
-def _ended(engine: Engine) -> str:
+def _ended(progress: Progress) -> str:
     """``training finished (rank 0-6), failed (rank 7)``: ranks written that are not running (as
     the rank count and last steps, of this start; the metrics also show those restored)."""
     by_state: dict[Lifecycle, list[int]] = {}
-    for rank_id in sorted(engine.ranks):
-        watch = engine.alerts.ranks.get(rank_id)
-        if watch is not None and watch.lifecycle is not None and watch.lifecycle is not Lifecycle.RUNNING:
-            by_state.setdefault(watch.lifecycle, []).append(rank_id)
+    for rank_id in sorted(progress.written_here):
+        lifecycle = progress.ranks[rank_id].lifecycle
+        if lifecycle is not None and lifecycle is not Lifecycle.RUNNING:
+            by_state.setdefault(lifecycle, []).append(rank_id)
     said = [f"{state.value} (rank {rank_ranges(ranks, ',')})" for state, ranks in sorted(by_state.items())]
     return f"training {', '.join(said)}" if said else ""
 

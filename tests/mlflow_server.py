@@ -13,9 +13,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
+
+from live_helpers import poll
 
 START_TIMEOUT = 180.0  # the first start migrates the SQLite schema: tens of seconds on a loaded machine
 
@@ -43,17 +44,15 @@ class MLflowServer:
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
             env={**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"})
         log.close()
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+
+        def up() -> bool:
+            if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                return answer.status == 200
+
+        if poll(up, bool, START_TIMEOUT, (OSError,))[0]:
+            return
         self.stop()
         raise RuntimeError(f"mlflow server not up after {START_TIMEOUT:.0f} s")
 

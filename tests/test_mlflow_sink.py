@@ -17,12 +17,11 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from live_helpers import RankLog, Sidecar, wait_until
+from live_helpers import RankLog, Sidecar, paced, wait_until
 from mlflow_server import MLflowServer
 from outputs import read_out, same_value
 from parsers.records import Record
@@ -252,10 +251,9 @@ def test_live_sigkill_and_server_outage(server: MLflowServer, tmp_path: Path) ->
                       "--checkpoint-interval", "0.3")
 
     def write(steps: int, seconds: float) -> None:
-        for _ in range(steps):
+        for _ in paced(range(steps), seconds / steps):
             for log in logs:
                 log.step()
-            time.sleep(seconds / steps)
 
     try:
         write(40, 0.5)

@@ -894,6 +894,9 @@ FOUND |= {
     "a-spike-after-a-kill-is-judged-against-a-fresh-baseline": [
         ("append", {"rank": 0, "count": 22}), ("start", {"poll": False}), ("check", {}), ("sigkill", {}),
         ("append_edge", {"rank": 0, "edge": "float32-max", "count": 3}), ("start", {"poll": False}), ("check", {})],
+    "a-run-that-reads-nothing-forgets-the-step-a-chain-was-at": [
+        ("append", {"rank": 0, "count": 3}), ("job_ends", {"rank": 0, "crashed": True}), ("rotate_by_rename", {"rank": 0}),
+        ("replay", {}), ("replay", {}), ("append", {"rank": 0, "count": 9}), ("start", {"poll": False}), ("check", {})],
 }
 COPIED = ("new: a copy read again (copytruncate) wrote its start-up events again at a later step (fixed: a text the"
           " run holds with the line's timestamp is a duplicate, RunWriter.shows)")
@@ -931,6 +934,11 @@ FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": fou
         "the closing note of issue 26: spike and drop baselines started over after a restart, so the spike one"
         " replay raises at step 23 was not raised after a kill at step 22 (fixed: the detectors' state is in the"
         " checkpoint, and steps written after it are judged again after a kill, sidecar.analysis.watch)",
+    "a-run-that-reads-nothing-forgets-the-step-a-chain-was-at":
+        "new, in the long search (MSTB_MODEL_EXAMPLES=50): a replay that read no line of a chain checkpointed it with"
+        " no stream, so the relaunch's start-up events after it went to step 0, which the run held (dropped as"
+        " copies) instead of the last step read (fixed: a rank's stream stays as restored until the chain gives a"
+        " line of it, Engine.state)",
 }
 NEW_RULE_NAMES = {"startup_part", "append_edge", "sigstop_rollovers", "rewrite_in_place", "torn_line", "job_ends",
                   "kill_while_starting"}

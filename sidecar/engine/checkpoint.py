@@ -98,7 +98,9 @@ class CheckpointPart:
         for chain in self.chains.values():
             if chain.key == str(STDIN_NAME):  # a stream is not read again: after a restart its steps begin anew
                 continue
-            state.chains[chain.key] = {
+            # a rank this chain gave no line yet since the restart keeps its stream as restored (_stream)
+            streams = {r: s for r, s in self._restored.chains.get(chain.key, {}).items() if mine is None or int(r) in mine}
+            state.chains[chain.key] = streams | {
                 str(rank): StreamState(assembler=s.assembler.snapshot(), prev_step=s.cursor.prev_step, live=s.cursor.live)
                 for rank, s in chain.streams.items()
             }

@@ -925,7 +925,10 @@ FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": fou
     "kill-after-a-resume-start-loses-the-config-card":
         "new: a SIGKILL after a resume's START reached the run, before a checkpoint: the restart read that resume"
         " again as a copy and its checkpoint said the card was written (fixed: a run opened without the card at the"
-        " step the checkpoint holds makes it due, RunMetadata.shown)",
+        " step the checkpoint holds makes it due, RunMetadata.shown); and 1 run in 7: the first sidecar was killed"
+        " after writing the card (step 1) and run.json, before saving that checkpoint, so the next one knew the"
+        " settings written (run.json) but no card step, and a resume's START to step 1 purged the card for good"
+        " (fixed: run.json keeps the card's step with the settings, test_run_metadata's kill-after-the-card test)",
     "resumes-at-different-steps-leave-the-layout-without-the-band":
         "new, in the oracle: a live aggregate rightly holds a step a rank went back past without the others (until"
         " --aggregate-timeout), a replay writes it at its end, and the layout charts what each aggregate shows (fixed:"

@@ -15,7 +15,10 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from live_helpers import LiveEnv, tb_points, tb_text_steps, wait_until
 from sidecar.cli import main
+from parsers.records import Record
+from sidecar.output.event_scan import RunView
 from sidecar.output.run_meta import RunMetadata
+from sidecar.output.run_writer import RunWriter
 from outputs import assert_same_outputs, read_run
 from tb_read import scalars, texts
 from tb_server import tensorboard
@@ -307,3 +310,38 @@ def test_a_checkpoint_holds_the_configuration_read_since_the_last_one(tmp_path: 
     again.load(0, meta.snapshot()["0"], tmp_path)
     assert again.config(0).lr_schedule == {"warmup_steps": 10.0, "total_steps": 200.0}
     assert again.config(0) == meta.config(0) and again.batch(0) == (None, 8)
+
+
+@pytest.mark.parametrize("later", ["nothing", "a resume"])
+def test_a_kill_after_the_card_before_its_checkpoint_leaves_the_card_shown(tmp_path: Path, later: str) -> None:
+    """The window between a checkpoint's writing of the card (``run.json`` at once, the event still
+    buffered, or on disk) and the saving of that checkpoint: a SIGKILL there leaves a checkpoint
+    that knows no card and a ``run.json`` that says the settings were written. The restart shows
+    the card at step 3, also after a resume to step 2 purges it (before, neither was written
+    again). The kill: the writer is abandoned, its buffer lost, or closed when the card reached disk."""
+    run = tmp_path / "rank_0"
+    for buffered in (True, False):
+        shutil.rmtree(run, ignore_errors=True)
+        meta, writer = RunMetadata(), RunWriter(run)
+        meta.note(0, {"model": "llama", "world_size": 2, "global_batch_size": 4})
+        for step in (3, 4):
+            record = Record(step, 1000.0 + step, scalars={"loss": float(step)}, training_step=True)
+            writer.write(record)
+            meta.stepped(0, record, resumed=False)
+        checkpoint, view = meta.snapshot()["0"], writer.sync()
+        since = RunView(dict(view.watermarks), view.file, view.size)
+        meta.write_due({0: writer})
+        writer.abandon() if buffered else writer.close()  # SIGKILL before the next checkpoint is saved
+        again, restarted = RunMetadata(), RunWriter(run, since)
+        again.load(0, checkpoint, run)
+        again.shown(0, restarted.view.watermarks)
+        if later == "a resume":
+            again.write_due({0: restarted})
+            restarted.resume(2, 1010.0, "resumed")
+            record = Record(2, 1010.0, scalars={"loss": 0.5}, training_step=True)
+            restarted.write(record)
+            again.stepped(0, record, resumed=True)
+        again.write_due({0: restarted})
+        restarted.close()
+        expected = [2] if later == "a resume" else [3]
+        assert list(read_run(run).texts.get("config", {})) == expected, f"buffered={buffered}"

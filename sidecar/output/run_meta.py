@@ -15,7 +15,7 @@ What a run was (:mod:`parsers.run_config`) is written once per run, and again wh
   differing;
 - ``run.json`` in the run directory (written atomically: a new file, fsync, rename), with the
   same settings, the start-up facts and the configuration hash (``partial-<hex>`` when no dump was
-  read, by the rank or the job: see :data:`parsers.run_config.PARTIAL`).
+  read, by the rank or the job: see :data:`parsers.run_config.PARTIAL`) and the card's step.
 
 When it is written: at each checkpoint (live: every ``--checkpoint-interval``; replay: at the
 end), for ranks whose description changed and that have written a training step. Not at the
@@ -28,8 +28,11 @@ A training resume writes a ``SessionLog.START`` that purges every tag's points f
 step on, the card and HParams data too if they were written there; they are written again at
 the resume step then (also when the card's step came back from the checkpoint). A START that
 reached the run after the last checkpoint is read again after a restart as a copy, which says
-nothing of the purge: so when a rank's run is opened, a card it no longer shows at the step the
-checkpoint holds is due again (:meth:`RunMetadata.shown`; the HParams data go with it).
+nothing of the purge: so when a rank's run is opened, a card it no longer shows at its step is
+due again (:meth:`RunMetadata.shown`; the HParams data go with it). That step is ``card_step`` in
+``run.json``, written with the settings it pairs with: a SIGKILL between writing them (the card
+still buffered, or purged by a later START) and the checkpoint leaves a checkpoint that knows no
+card while ``run.json`` says the settings were written, so a restart takes both from ``run.json``.
 
 Across restarts: what a rank's metadata holds (the configuration read so far, so also the global
 batch size and world size the batch-derived tags need, and where its segment and card are) is
@@ -185,12 +188,11 @@ class RunMetadata:
         ``run.json`` holds the settings last written)."""
         config = RunConfig()
         config.update(json.loads(state.config))
-        written = _load(run_dir).get("settings")
+        written, card_step = _written(_load(run_dir))
         self._ranks[rank] = _RankMeta(
-            config=config, dirty=state.dirty, written=written if isinstance(written, dict) else None,
-            card_step=state.card_step, due_step=state.due_step, segment_step=state.segment_step,
-            segment_wall=state.segment_wall,
-            last_step=state.last_step)
+            config=config, dirty=state.dirty, written=written,
+            card_step=card_step if card_step is not None else state.card_step, due_step=state.due_step,
+            segment_step=state.segment_step, segment_wall=state.segment_wall, last_step=state.last_step)
         if state.job_dump:
             self._job_dump = config.dump
         self._loaded.add(rank)
@@ -210,7 +212,7 @@ class RunMetadata:
         if not isinstance(content.get("run"), dict) or not isinstance(content.get("settings"), dict):
             return
         meta.config.update(content["run"])
-        meta.written = content["settings"]
+        meta.written, meta.card_step = _written(content)
         facts = meta.config.facts()
         meta.batch = (facts["global_batch_size"], facts["world_size"])
 
@@ -261,7 +263,8 @@ class RunMetadata:
             step = max(due if due is not None else meta.last_step, writer.view.watermarks.get(CONFIG_TAG, -1) + 1)
             wall = meta.segment_wall if meta.segment_wall is not None else 0.0
             writer.write_values(step, wall, [text_value(CONFIG_TAG, markdown(values, digest)), *_hparams_values(values)])
-            _write_json(writer.run_dir, {"config_hash": digest, "run": config.facts(), "settings": values})
+            _write_json(writer.run_dir,
+                        {"config_hash": digest, "run": config.facts(), "settings": values, "card_step": step})
             meta.written, meta.card_step = values, step
             told[rank] = values
         return told
@@ -295,6 +298,15 @@ def _load(run_dir: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return content if isinstance(content, dict) else {}
+
+
+def _written(content: dict) -> tuple[dict[str, Value] | None, int | None]:
+    """The settings a ``run.json`` says were written, and the step of their card (``None`` in
+    one from before it was kept)."""
+    written, step = content.get("settings"), content.get("card_step")
+    if not isinstance(written, dict):
+        return None, None
+    return written, step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _write_json(run_dir: Path, content: dict) -> None:

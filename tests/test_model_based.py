@@ -947,7 +947,24 @@ NEW_RULE_NAMES = {"startup_part", "append_edge", "sigstop_rollovers", "rewrite_i
                   "kill_while_starting"}
 
 
-@pytest.mark.parametrize("name", FOUND)
+# Found and not fixed yet: replayed as a non-strict xfail, with the reason.
+OPEN = {
+    "torn-relaunches-around-copytruncate-write-start-up-events-at-a-later-step": (
+        [("append_edge", {"count": 1, "edge": "nan-pair", "rank": 0}), ("replay", {}), ("replay", {}),
+         ("torn_line", {"back": 15, "count": 21, "cut": 0.01178747810765213, "rank": 0, "startup": True}), ("replay", {}),
+         ("job_ends", {"crashed": True, "rank": 0}), ("rotate_by_copytruncate", {"rank": 0}),
+         ("rotate_by_rename", {"rank": 0}), ("startup_part", {"rank": 0, "upto": 1}),
+         ("torn_line", {"back": 31, "count": 3, "cut": 0.966591023774936, "rank": 0, "startup": True}),
+         ("start", {"poll": True}), ("pause", {"seconds": 0.02}), ("check", {}), ("rotate_by_copytruncate", {"rank": 0}),
+         ("resume", {"back": 39, "count": 30, "rank": 1}), ("check", {})],
+        "found by MSTB_MODEL_EXAMPLES=50 after the chain fix, not shrunk or fixed yet: events/compile and"
+        " events/training-start at step 3 in the live run, not in an uninterrupted replay"),
+}
+FOUND |= {name: program for name, (program, _) in OPEN.items()}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=False, reason=OPEN[name][1]))
+                                  if name in OPEN else name for name in FOUND])
 def test_programs_found_earlier(tmp_path: Path, name: str) -> None:
     """One program of FOUND (``-k 'found and NAME'`` runs one); with ``MSTB_MODEL_NEW=0`` those
     that use rules of issue 26 or fail on the code before its fixes are skipped."""

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from engine_run import replay_in_process
 from live_helpers import RankLog, loss_value
 from sidecar.analysis import accounting
 from sidecar.analysis.accounting import Accounting, Reason
-from sidecar.engine import Engine
 from sidecar.service.config import SidecarConfig
-from sidecar.service.engine_settings import settings_from
 from tb_read import scalars
 
 _DOCUMENTED = ["duplicate", "superseded", "malformed", "too-long", "thinned", "deleted-unread", "unreadable"]
@@ -109,16 +108,7 @@ def test_every_record_read_is_written_or_counted(tmp_path: Path) -> None:
     copy.write_bytes(log.path.read_bytes())
     config = SidecarConfig(out=tmp_path / "tb", paths=[tmp_path / "output"], instance="test", max_line_bytes=1024,
                            progress=False, quiet=True)
-    engine = Engine(settings_from(config, live=False))
-    try:
-        engine.scan()
-        while engine.pump(1 << 20, 0.0):
-            pass
-        engine.end_of_input()
-        engine.checkpoint()
-        acc = engine.accounting
-    finally:
-        engine.close()
+    acc = replay_in_process(config)
     shown = scalars(tmp_path / "tb" / "rank_0")["loss"]
     assert shown == {s: loss_value(0, s) for s in range(1, 21)}
     assert acc.written[0] == 20

@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from engine_run import replay_in_process
 from live_helpers import RankLog, loss_value
-from sidecar.engine import Engine
 from sidecar.following import chains
 from sidecar.following.chains import Chain, Stream, first_record, head_records
 from sidecar.service.config import SidecarConfig
-from sidecar.service.engine_settings import settings_from
 from tb_read import scalars
 
 _PARALLEL = ("[INFO] 2026-11-29 09:59:00,000 [mindformers/core/parallel_config.py:62] build_parallel_config: "
@@ -101,13 +100,6 @@ def test_attempts_are_read_in_the_order_their_steps_say(tmp_path: Path) -> None:
     resumed.go_back(6)
     resumed.step(5)
     config = SidecarConfig(out=tmp_path / "tb", paths=[tmp_path / "job"], instance="test", progress=False, quiet=True)
-    engine = Engine(settings_from(config, live=False))
-    try:
-        engine.scan()
-        while engine.pump(1 << 20, 0.0):
-            pass
-        engine.end_of_input()
-    finally:
-        engine.close()
+    replay_in_process(config)
     want = {s: loss_value(0, s, 0 if s < 6 else 1) for s in range(1, 11)}
     assert scalars(tmp_path / "tb" / "rank_0")["loss"] == want

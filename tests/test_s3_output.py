@@ -18,7 +18,6 @@ import http.client
 import json
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys

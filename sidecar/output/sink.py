@@ -53,3 +53,35 @@ class Sink(Protocol):
     def health(self) -> Mapping[str, int]: ...  # counts by reason (queued, sent, dropped-..., retries)
 
     def close(self) -> None: ...
+
+
+class PassiveSink:
+    """A base for sinks that act on few of the calls: each call does nothing, keeps no state and
+    counts nothing, so a subclass overrides only what it acts on (and says why the rest is empty
+    in its docstring)."""
+
+    name = "passive"
+
+    def restore(self, state: SinkState | None) -> None:
+        return None
+
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+        return None
+
+    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
+        return None
+
+    def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def sync(self) -> SinkState | None:
+        return None
+
+    def health(self) -> Mapping[str, int]:
+        return {}
+
+    def close(self) -> None:
+        return None

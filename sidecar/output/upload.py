@@ -43,11 +43,10 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from parsers.records import Record
 
 from sidecar.output.bucket import REASONS, Backoff, BucketError, Entry, Store
 from sidecar.output.lease import Lease
-from sidecar.output.sink import SinkState
+from sidecar.output.sink import PassiveSink
 from sidecar.output.state import STATE_DIR, instance_name
 from sidecar.output.tfrecord import CorruptRecord, whole_records
 
@@ -66,8 +65,14 @@ def is_event_file(name: str) -> bool:
     return "tfevents" in name.rsplit("/", 1)[-1]
 
 
-class Uploader:
-    """Copies ``staging`` to ``store`` every ``interval`` seconds (see the module docstring)."""
+class Uploader(PassiveSink):
+    """Copies ``staging`` to ``store`` every ``interval`` seconds (see the module docstring).
+
+    As a sink it only reports :meth:`health`: records, resumes and settings go up inside the event
+    files and ``run.json`` it uploads; the bucket's listing is its state (:meth:`pull`), so it has
+    no checkpoint part; the staging directory is its spool, durable once the TensorBoard sink has
+    synced it; uploads run on their own thread, and an engine's close does not end them
+    (:meth:`finish` does, with the process)."""
 
     name = "bucket"
 
@@ -312,31 +317,9 @@ class Uploader:
 
     # -- as a sink (see the module docstring) ------------------------------------------------------
 
-    def restore(self, state: SinkState | None) -> None:
-        """The bucket's listing is the upload state (:meth:`pull`)."""
-
-    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
-        """Records go up in the event files (the checkpoint after them)."""
-
-    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
-        """The TensorBoard sink writes the resume into the event files, which go up whole."""
-
-    def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:
-        """``run.json`` goes up as a file."""
-
-    def flush(self) -> None:
-        """Uploads run on their own thread, every ``interval``."""
-
-    def sync(self) -> SinkState | None:
-        """The staging directory is this sink's spool: durable once the TensorBoard sink synced it."""
-        return None
-
     def health(self) -> Mapping[str, int]:
         return {**self.counts, **{f"failed-{reason}": n for reason, n in self.failures.items()},
                 "pending-bytes": self.pending}
-
-    def close(self) -> None:
-        """An engine closes its sinks; the upload goes on until :meth:`finish`."""
 
     def describe(self) -> str:
         failed = sum(self.failures.values())

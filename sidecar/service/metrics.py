@@ -29,7 +29,7 @@ import platform
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from socketserver import TCPServer, ThreadingMixIn
 from typing import TypeVar
@@ -45,7 +45,7 @@ from parsers.records import Record
 from sidecar import __version__
 from sidecar.analysis.accounting import Reason
 from sidecar.engine import Engine, Progress
-from sidecar.output.sink import SinkState
+from sidecar.output.sink import PassiveSink
 from sidecar.service.notify import Notifier
 from sidecar.service.status import TENSORBOARD
 
@@ -65,7 +65,7 @@ ALERT_HOLD = 60.0  # a NaN that lasted one step must still reach a Prometheus sc
 STALE_AFTER = 30.0  # without a systemd watchdog: three of the main loop's longest waits (10 s)
 
 
-class TrainingGauges:
+class TrainingGauges(PassiveSink):
     """The per-rank training gauges (:data:`TRAINING_GAUGES`), a sink (:mod:`sidecar.output.sink`):
     the values of each rank's latest training step written to its run (with ``--every``, the
     latest kept). Points read again after a restart are older than what comes next: ignored, and
@@ -76,30 +76,9 @@ class TrainingGauges:
     def __init__(self) -> None:
         self.latest: dict[int, dict[str, float]] = {}  # rank -> tag -> value
 
-    def restore(self, state: SinkState | None) -> None:
-        """Nothing to restore (see the class docstring)."""
-
     def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
         if rank is not None and record.training_step and not again:
             self.latest[rank] = {tag: value for tag, value in record.scalars.items() if tag in TRAINING_GAUGES}
-
-    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
-        """A gauge shows the latest value, whatever its step."""
-
-    def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:
-        """Not a gauge."""
-
-    def flush(self) -> None:
-        """Read when scraped: nothing to flush."""
-
-    def sync(self) -> SinkState | None:
-        return None
-
-    def health(self) -> Mapping[str, int]:
-        return {}
-
-    def close(self) -> None:
-        """Nothing is open."""
 
 
 class EngineCollector(Collector):

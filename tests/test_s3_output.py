@@ -307,6 +307,15 @@ def _sidecar(root: Path, stage: str, *extra: str) -> Sidecar:
                    *extra)
 
 
+def _leases_expired(s3: Moto) -> bool:
+    """Every lease in the bucket has gone unrenewed past its time (another sidecar may take it)."""
+    client = s3.client()
+    listed = client.list_objects_v2(Bucket="runs", Prefix="live/").get("Contents", [])
+    leases = [item["Key"] for item in listed if "/lease-" in item["Key"]]
+    return all(json.loads(client.get_object(Bucket="runs", Key=key)["Body"].read())["expires"] < time.time()
+               for key in leases)
+
+
 def _assert_bucket_shows(logs: list[RankLog]) -> None:
     got = read_bucket("s3://runs/live")
     for log in logs:
@@ -331,7 +340,7 @@ def test_sigkill_at_random_moments_and_a_lost_staging_directory_lose_and_double_
             if round_ in (2, 4):  # the pod is replaced: its staging directory is gone
                 shutil.rmtree(tmp_path / "stage")
                 wiped += 1
-                time.sleep(1.5)  # the dead sidecar's lease runs out
+                wait_until(lambda: _leases_expired(s3), 10, "the dead sidecar's lease to run out")
         sidecar.start()
         for log in logs:
             log.step(5)

@@ -93,6 +93,7 @@ class Proxy:
         self.target, self.port = port, free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.mode, self.delay = "pass", 0.0
+        self.held = 0  # requests delayed so far
         self.answered: Counter[str] = Counter()
         self._open: set[socket.socket] = set()
         self._server: ThreadingHTTPServer | None = None
@@ -114,7 +115,9 @@ class Proxy:
 
             def forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                time.sleep(proxy.delay)
+                if proxy.delay:
+                    proxy.held += 1
+                    time.sleep(proxy.delay)
                 if proxy.mode != "pass":
                     proxy.answered[proxy.mode] += 1
                     status, code = FAULTS[proxy.mode]
@@ -407,10 +410,12 @@ def test_store_down_throttling_errors_and_slowness_are_retried_counted_and_lose_
         wait_until(uploaded, 60, "the upload after the errors")
 
         proxy.delay = 3.0  # a slow store: the runs are written at the usual pace meanwhile
-        time.sleep(0.5)
         for log in logs:
             log.step(5)
-        wait_until(lambda: all_written(stage, logs), 2.5, "the runs to go on while the store is slow")
+        wait_until(lambda: proxy.held > 0, 10, "an upload held by the slow store")
+        for log in logs:
+            log.step(5)
+        wait_until(lambda: all_written(stage, logs), 2.5, "the runs to go on while an upload is held")
         proxy.delay = 0.0
         marked = time.time()
         wait_until(uploaded, 60, "the upload after the slow spell")

@@ -291,3 +291,54 @@ def test_live_sigkill_and_server_outage(server: MLflowServer, tmp_path: Path) ->
     for log in logs:
         run_id = runs[f"rank_{log.rank}"].info.run_id
         assert history(server, run_id, "loss") == sorted(log.expected.items())
+
+
+def test_live_genuine_logs_across_kills(server: MLflowServer, tmp_path: Path) -> None:
+    """Live on the genuine mindformers 1.9 logs of two ranks, arriving in three parts with a
+    SIGKILL after each of the first two (one once caught up, one while a part is being written):
+    the MLflow runs equal the TensorBoard runs point for point, none repeated, and end FINISHED."""
+    sources = sorted((REAL / "mf1.9-dp2" / "output" / "log").glob("rank_*/info.log"))
+    targets = [tmp_path / "output" / "log" / src.parent.name / "info.log" for src in sources]
+    parts = []
+    for src, target in zip(sources, targets):
+        target.parent.mkdir(parents=True)
+        lines = src.read_bytes().splitlines(keepends=True)
+        third = len(lines) // 3
+        parts.append((target, [b"".join(lines[:third]), b"".join(lines[third:2 * third]), b"".join(lines[2 * third:])]))
+    job, out = "live-genuine", tmp_path / "tb"
+    sidecar = Sidecar([tmp_path / "output"], out, "inotify", tmp_path, "--mlflow", server.uri, "--job", job,
+                      "--checkpoint-interval", "0.3")
+
+    def write(part: int) -> None:
+        for target, pieces in parts:
+            with target.open("ab") as f:
+                f.write(pieces[part])
+
+    try:
+        write(0)
+        sidecar.start()
+        sidecar.caught_up()
+        sidecar.kill()
+        sidecar.start()
+        write(1)
+        sidecar.kill()  # as likely as not before the second part is all read
+        sidecar.start()
+        write(2)
+
+        sidecar.caught_up()
+        shown = {name: len(run.scalars["loss"]) for name, run in read_out(out).items() if "loss" in run.scalars}
+        assert set(shown) >= {"rank_0", "rank_1"}, sorted(shown)
+
+        def finished() -> bool:
+            runs = runs_of(server, job)
+            return all(name in runs and runs[name].info.status == "FINISHED" and
+                       len(history(server, runs[name].info.run_id, "loss")) >= count for name, count in shown.items())
+
+        wait_until(finished, 180, "every loss point and the finish in MLflow", every=1.0)
+        rc, _ = sidecar.stop(signal.SIGTERM)
+        assert rc == 0, sidecar.stderr()
+    finally:
+        sidecar.cleanup()
+    assert "Traceback" not in sidecar.stderr(all_runs=True)
+    runs = assert_as_tensorboard(server, out, job)
+    assert {"rank_0", "rank_1"} <= set(runs)

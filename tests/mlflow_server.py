@@ -10,21 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
-from live_helpers import poll
+from live_helpers import free_port, poll
 
 START_TIMEOUT = 180.0  # the first start migrates the SQLite schema: tens of seconds on a loaded machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MLflowServer:

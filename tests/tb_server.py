@@ -7,7 +7,6 @@ read event files differently (purges, downsampling), so display tests may run on
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.parse
@@ -16,13 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from live_helpers import poll
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from live_helpers import free_port, poll
 
 
 class TensorBoard:

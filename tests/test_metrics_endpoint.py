@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from sidecar import __version__
-from live_helpers import fetch, fetch_until
+from live_helpers import fetch, fetch_until, free_port
 from sidecar.engine import Engine, Settings
 from sidecar.following.clock import FakeClock
 from sidecar.service import metrics
 from sidecar.service.notify import Notifier
-from tb_server import free_port
 
 DP2 = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output"
 BIN = Path(sys.executable).with_name("mstb-sidecar")

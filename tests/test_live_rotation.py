@@ -334,10 +334,9 @@ def test_more_rollovers_while_stopped_than_backups_kept(live: LiveEnv) -> None:
 def test_a_copytruncate_copy_read_after_a_restart_writes_no_event_again(tmp_path: Path) -> None:
     """A replay reads the genuine log; logrotate's copytruncate copies it to ``info.log.1`` and the
     job logs on into the emptied ``info.log``; a second replay (a restart from the checkpoint)
-    reads the copy from its start. Its start-up events (``events/compile``, ``events/training-start``)
-    come before any step of the copy, so the stream would place them at the last step it read;
-    the run holds them already (same tag, timestamp and text) and they are counted as duplicates,
-    not written again at that step: the output is one replay's of the whole log."""
+    finds the copy holding what was read of ``info.log`` and reads it on from there. Read from its
+    start, its start-up events (``events/compile``, ``events/training-start``) would come before any
+    step of the copy, at the last step the stream read: the output is one replay's of the whole log."""
     genuine = (REAL_DP2 / "log" / "rank_0" / "info.log").read_bytes().splitlines(keepends=True)
     first = next(i for i, line in enumerate(genuine) if b"print_output_info: { Epoch" in line)
     before, after = b"".join(genuine[:first + 10]), b"".join(genuine[first + 10:first + 16])

@@ -897,9 +897,22 @@ FOUND |= {
     "a-run-that-reads-nothing-forgets-the-step-a-chain-was-at": [
         ("append", {"rank": 0, "count": 3}), ("job_ends", {"rank": 0, "crashed": True}), ("rotate_by_rename", {"rank": 0}),
         ("replay", {}), ("replay", {}), ("append", {"rank": 0, "count": 9}), ("start", {"poll": False}), ("check", {})],
+    "torn-relaunch-then-copytruncate-writes-start-up-events-at-a-later-step": [  # teardown checks the copy
+        ("start", {"poll": True}), ("torn_line", {"rank": 0, "cut": 0.5, "back": 0, "startup": True, "count": 1}),
+        ("check", {}), ("rotate_by_copytruncate", {"rank": 0})],
+    "torn-relaunch-then-copytruncate-read-after-a-restart": [  # teardown: a live restart reads it
+        ("torn_line", {"rank": 0, "cut": 0.5, "back": 0, "startup": True, "count": 1}), ("replay", {}),
+        ("rotate_by_copytruncate", {"rank": 0})],
 }
 COPIED = ("new: a copy read again (copytruncate) wrote its start-up events again at a later step (fixed: a text the"
           " run holds with the line's timestamp is a duplicate, RunWriter.shows)")
+RELAUNCH_COPIED = (
+    "new, in the long search (MSTB_MODEL_EXAMPLES=50, shrunk from 16 steps): a job killed among its first step's"
+    " bytes and relaunched logged its start-up lines again before any step, at the step of the first ones, so"
+    " they were dropped as that step's; a copytruncate copy was then read again from its start, and those lines,"
+    " which the run did not hold (RunWriter.shows), came at the step the stream had reached since (fixed: a new"
+    " backup that holds what a file of its chain was read to is read on from there, live or after a restart,"
+    " SourcesPart._read_on_in_copies)")
 FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": found here, see the names)
     "loss-beyond-float32-replay": "issue 26 item 1 (a value beyond float32 ends the daemon)",
     "loss-2-to-the-128-live": "issue 26 item 1",
@@ -942,29 +955,14 @@ FAILING_UNTIL = {  # program -> what makes it pass (issue 26's items; "new": fou
         " no stream, so the relaunch's start-up events after it went to step 0, which the run held (dropped as"
         " copies) instead of the last step read (fixed: a rank's stream stays as restored until the chain gives a"
         " line of it, Engine.state)",
+    "torn-relaunch-then-copytruncate-writes-start-up-events-at-a-later-step": RELAUNCH_COPIED,
+    "torn-relaunch-then-copytruncate-read-after-a-restart": RELAUNCH_COPIED,
 }
 NEW_RULE_NAMES = {"startup_part", "append_edge", "sigstop_rollovers", "rewrite_in_place", "torn_line", "job_ends",
                   "kill_while_starting"}
 
 
-# Found and not fixed yet: replayed as a non-strict xfail, with the reason.
-OPEN = {
-    "torn-relaunches-around-copytruncate-write-start-up-events-at-a-later-step": (
-        [("append_edge", {"count": 1, "edge": "nan-pair", "rank": 0}), ("replay", {}), ("replay", {}),
-         ("torn_line", {"back": 15, "count": 21, "cut": 0.01178747810765213, "rank": 0, "startup": True}), ("replay", {}),
-         ("job_ends", {"crashed": True, "rank": 0}), ("rotate_by_copytruncate", {"rank": 0}),
-         ("rotate_by_rename", {"rank": 0}), ("startup_part", {"rank": 0, "upto": 1}),
-         ("torn_line", {"back": 31, "count": 3, "cut": 0.966591023774936, "rank": 0, "startup": True}),
-         ("start", {"poll": True}), ("pause", {"seconds": 0.02}), ("check", {}), ("rotate_by_copytruncate", {"rank": 0}),
-         ("resume", {"back": 39, "count": 30, "rank": 1}), ("check", {})],
-        "found by MSTB_MODEL_EXAMPLES=50 after the chain fix, not shrunk or fixed yet: events/compile and"
-        " events/training-start at step 3 in the live run, not in an uninterrupted replay"),
-}
-FOUND |= {name: program for name, (program, _) in OPEN.items()}
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=False, reason=OPEN[name][1]))
-                                  if name in OPEN else name for name in FOUND])
+@pytest.mark.parametrize("name", FOUND)
 def test_programs_found_earlier(tmp_path: Path, name: str) -> None:
     """One program of FOUND (``-k 'found and NAME'`` runs one); with ``MSTB_MODEL_NEW=0`` those
     that use rules of issue 26 or fail on the code before its fixes are skipped."""

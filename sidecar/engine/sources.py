@@ -4,10 +4,12 @@ it lets them go.
 Contract: a file is followed by identity (device, inode), not by path, so a rotation renames it
 without a second read; each rotation chain is read oldest file first, and chains in the order
 their data gives (:mod:`sidecar.following.chains`); the order of a chain comes from one
-consistent listing (:meth:`SourcesPart.scan` repeats a pass that changed anything). A file is let
-go only once it left discovery for the quiet period, was read to its end and holds no record
-(:meth:`SourcesPart.forget_gone`). A replay worker follows only its share of the ranks
-(:meth:`SourcesPart.restrict`); its parent then follows none (:meth:`SourcesPart.hand_over`).
+consistent listing (:meth:`SourcesPart.scan` repeats a pass that changed anything); a new backup
+that holds what a file of its chain was read to (a ``copytruncate`` copy) is read on from there
+(:meth:`SourcesPart._read_on_in_copies`). A file is let go only once it left discovery for the
+quiet period, was read to its end and holds no record (:meth:`SourcesPart.forget_gone`). A
+replay worker follows only its share of the ranks (:meth:`SourcesPart.restrict`); its parent
+then follows none (:meth:`SourcesPart.hand_over`).
 
 Invariant: :meth:`Source.safe_offset` never passes a line whose record is not written yet (or
 a configuration dump not read to its end): it is the offset a checkpoint saves.
@@ -79,6 +81,7 @@ class SourcesPart:
         for _ in range(SCAN_PASSES):
             if not self._scan_pass(added):
                 break
+        self._read_on_in_copies(added)
         self._place_files(set(added))
         self._order_chains()
         self._order = None
@@ -125,6 +128,26 @@ class SourcesPart:
         if STDIN in self.settings.roots:
             self._follow_stdin(added)
         return changed or any(s.unseen_since == now for s in self.sources.values())
+
+    def _read_on_in_copies(self, added: list[Source]) -> None:
+        """A new backup that holds what a file of its chain was read to (logrotate's
+        ``copytruncate`` copied it, while the sidecar ran or was down) is read on from there: its
+        lines before are those read, and the chain's stream is where they left it. Read again from
+        its start, its lines before its first step would come at the step the stream has reached
+        since (a relaunch's start-up events, which an uninterrupted run wrote at an earlier step
+        or dropped as that step's). A file's place counts only once its lines read are processed
+        (the place it lost, :attr:`FileTail.left`, always is: the read that found the loss came
+        after them)."""
+        for source in added:
+            if not source.candidate.backup or source.tail.stream or source.tail.offset:
+                continue
+            places = [place for other in self.sources.values() if other.chain is source.chain and other is not source
+                      for place in (other.tail.left, None if other.unprocessed() else other.tail.place()) if place]
+            for place in sorted(places, key=lambda p: -p.offset):
+                if source.tail.go_on(place):
+                    log.info("%s is a copy of what was read of its chain up to byte %d; reading it on from there",
+                             source.tail.path, place.offset)
+                    break
 
     def _follow_stdin(self, added: list[Source]) -> None:
         """``--watch -``: standard input, one source for the life of the process (it cannot be

@@ -24,6 +24,9 @@ Assumptions and how each is guarded:
   is the same at every step. So it covers whole lines before the offset, at least
   :data:`MARKER_LINES` and at least one that carries a date or a step (:func:`marker_start`,
   up to :data:`MARKER_MAX` bytes); the live content check compares the same bytes.
+- A file that lost what was read of it (truncated, rewritten) keeps where it had been read to,
+  by that content (:attr:`FileTail.left`, a :class:`Place`): a ``copytruncate`` copy that holds
+  the same there is read on from that place (:meth:`FileTail.go_on`), not again from 0.
 - A partial last line is left unread until its newline arrives, so a line is never parsed
   half-written, and a restart re-reads it from its first byte.
 - A line longer than ``max_line`` is skipped to its newline and counted; the file keeps going.
@@ -116,6 +119,18 @@ def marker_start(before: bytes) -> int:
     return 0
 
 
+@dataclass(frozen=True, slots=True)
+class Place:
+    """How far a file was read, and by what it held before that: the digests of
+    :meth:`FileTail.fingerprint`. Another file that holds the same there holds the lines read."""
+
+    offset: int
+    skipping: bool
+    head: str
+    marker: str
+    kind: int = 2  # of the marker (FileTail.fingerprint)
+
+
 STDIN = Path("-")  # the --watch path that means standard input
 STDIN_NAME = Path("<stdin>")  # its name in messages, and its rotation chain
 
@@ -147,6 +162,7 @@ class FileTail:
         # still holds both was appended to, not rewritten.
         self._head = b""
         self._before = b""
+        self.left: Place | None = None  # how far it was read before it lost that content (truncated, rewritten)
 
     @classmethod
     def open(cls, path: Path, max_line: int = 1 << 20, clock: Clock = SYSTEM) -> "FileTail":
@@ -187,16 +203,38 @@ class FileTail:
             want = min(4 * want, MARKER_MAX)
 
     def verify(self, head: str, marker: str, kind: int = 2) -> bool:
-        """Is a restored offset still valid for this file's content? If not, restart at 0."""
+        """Is a restored offset still valid for this file's content? If not, restart at 0 (and
+        keep the restored place as :attr:`left`)."""
+        ok = self._holds(head, marker, kind)
+        if not ok:
+            if self.offset:
+                self.left = Place(self.offset, self.skipping, head, marker, kind)
+            self.offset, self.skipping = 0, False
+        return ok
+
+    def go_on(self, place: Place) -> bool:
+        """Read on from ``place`` (another file's) if this file holds there what was read of that
+        one: a copy of it (``copytruncate``), whose lines before are those read. Else stay."""
+        offset, skipping = self.offset, self.skipping
+        self.offset, self.skipping = place.offset, place.skipping
+        if self._holds(place.head, place.marker, place.kind):
+            return True
+        self.offset, self.skipping = offset, skipping
+        return False
+
+    def place(self) -> Place | None:
+        """How far it is read, by the bytes read (not the file's now: it may have lost them)."""
+        return Place(self.offset, self.skipping, _digest(self._head), _digest(self._before)) if self.offset else None
+
+    def _holds(self, head: str, marker: str, kind: int) -> bool:
+        """Does the file hold, before the offset, the bytes with these digests? Then they are the
+        reference for later reads."""
         try:
-            size = os.fstat(self._open()).st_size
-            ok = size >= self.offset and self.fingerprint(kind) == (head, marker)
+            ok = os.fstat(self._open()).st_size >= self.offset and self.fingerprint(kind) == (head, marker)
             if ok:
                 self._remember()
         except OSError:
             ok = False
-        if not ok:
-            self.offset, self.skipping = 0, False
         return ok
 
     def start_at_end(self) -> None:
@@ -324,6 +362,7 @@ class FileTail:
 
     def _restart(self) -> None:
         self.truncations += 1
+        self.left = self.place() or self.left
         self.offset, self.skipping = 0, False
         self._head = self._before = b""
 

@@ -131,9 +131,10 @@ class RunWriter:
 
     def shows(self, record: Record) -> bool:
         """Does the run hold one of ``record``'s texts with its timestamp (shown or superseded)?
-        Then the record is a copy read again: a ``copytruncate`` copy of lines read before, whose
-        step (the last training step the stream read) says nothing, since it is the copy's
-        position that is old. Asked of timestamped records only; the first question reads the
+        Then the record is a copy read again: a ``copytruncate`` copy of lines read before, read
+        from its start (one that holds what was read is read on from there, see
+        :mod:`sidecar.engine.sources`), whose step (the last training step the stream read) says
+        nothing, since it is the copy's position that is old. Asked of timestamped records only; the first question reads the
         whole run, later ones are answered from memory."""
         if record.wall_time is None or not record.texts:
             return False

@@ -1,9 +1,10 @@
 """Object storage as the logdir (issue 28, item 2): ``--out s3://BUCKET/PREFIX``.
 
 The store is moto's standalone S3 server (``moto_server``, the test extra), started on 127.0.0.1 on
-a free port for each test and stopped after it. Results are read back in a fresh process with
-TensorBoard's own S3 loader (``tests/s3_read.py``: ``EventMultiplexer`` on ``s3://`` with
-``S3_ENDPOINT`` set, as ``tensorboard --logdir s3://...`` reads), and compared with what a local
+a free port once for the module and reset (moto's ``/moto-api/reset``: no bucket or object is
+left) before each test. Results are read back in a fresh process with TensorBoard's own S3 loader
+(``tests/s3_read.py``: ``EventMultiplexer`` on ``s3://`` with ``S3_ENDPOINT`` set, as
+``tensorboard --logdir s3://...`` reads), and compared with what a local
 ``--out`` shows or with the values the logs were written with, step by step.
 
 Faults go through :class:`Proxy`, a small HTTP forwarder in front of the server (moto has no fault
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -166,10 +168,23 @@ class Proxy:
                 pass
 
 
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
+    """One moto server for the module (a start costs about a second); each test resets it."""
+    server = Moto(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Moto]:
-    """A moto server with bucket ``runs``; the environment the sidecars and the reader inherit."""
-    server = Moto(tmp_path)
+def s3(moto: Moto, monkeypatch: pytest.MonkeyPatch) -> Moto:
+    """The moto server emptied (moto's own reset: no bucket, object or lease of an earlier test
+    is left) with bucket ``runs``; the environment the sidecars and the reader inherit."""
+    server = moto
+    with urllib.request.urlopen(urllib.request.Request(f"{server.endpoint}/moto-api/reset", method="POST"),
+                                timeout=30) as answer:
+        assert answer.status == 200
+    assert not server.client().list_buckets()["Buckets"]
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -177,8 +192,7 @@ def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Moto]:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("S3_ENDPOINT", server.endpoint)
     server.client().create_bucket(Bucket="runs")
-    yield server
-    server.stop()
+    return server
 
 
 def read_bucket(url: str) -> dict[str, dict]:

@@ -3,7 +3,8 @@
 Run as ``python tests/s3_read.py s3://BUCKET/PREFIX`` with ``S3_ENDPOINT`` and the credentials set:
 TensorBoard registers its S3 filesystem (boto3) with the endpoint it finds at import, so a test
 process that imported TensorBoard before setting them reads in a fresh process instead.
-Output: ``{run: {"scalars": {tag: [[step, value], ...]}, "run_json": {...} | null}}``, every point
+Output: ``{run: {"scalars": {tag: [[step, value], ...]}, "texts": {tag: [[step, text], ...]},
+"run_json": {...} | null}}``, every point and text
 in the order TensorBoard's ``EventMultiplexer`` (its S3 directory loader) returns them, repeats kept.
 """
 
@@ -25,9 +26,11 @@ def read(url: str) -> dict[str, dict]:
     for run in sorted(mux.Runs()):
         acc = mux.GetAccumulator(run)
         scalars = {tag: [[e.step, _num(e.value)] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+        texts = {tag: [[e.step, e.tensor_proto.string_val[0].decode("utf-8", "replace")] for e in acc.Tensors(tag)
+                       if e.tensor_proto.string_val] for tag in acc.Tags()["tensors"]}
         path = f"{url}/{run}/run.json"
         run_json = json.loads(gfile.GFile(path, "r").read()) if gfile.exists(path) else None
-        out[run] = {"scalars": scalars, "run_json": run_json}
+        out[run] = {"scalars": scalars, "texts": texts, "run_json": run_json}
     return out
 
 

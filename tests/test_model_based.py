@@ -612,9 +612,10 @@ class LogsAndSidecar(RuleBasedStateMachine):
         self.flushed.update(range(min(lasts) + 1, max(lasts) + 1))  # written with one rank: by design
         self.verify()
 
-    def run_replay(self, logs: Path, out: Path) -> None:
+    def run_replay(self, logs: Path, out: Path, *extra: str) -> None:
+        """``replay`` (``extra``: more options, for a subclass's outputs; see test_model_sinks.py)."""
         cmd = [str(BIN), "replay", str(logs), "--out", str(out), "--instance", INSTANCE, "--config", str(self.config),
-               "--no-progress", "-q"]
+               "--no-progress", "-q", *extra]
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and not own_traceback(done.stderr), f"replay: exit {done.returncode}: {done.stderr}"
 

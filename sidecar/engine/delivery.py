@@ -136,6 +136,7 @@ class DeliveryPart:
                 # read again after a restart: what the step began, the run may not show yet
                 self.meta.stepped(rank_id, record, False)
                 self._write_layout(rank, rank_id, record)
+                self.samples.open(rank_id)  # its twins' run hands the other outputs what it holds past the checkpoint
                 throughput = record.scalars.get(tags.THROUGHPUT)
                 if throughput is not None and rank.writer.view.watermarks.get(tags.THROUGHPUT, -1) < record.step:
                     # its head was written without the bar before a stop: the bar's part, late

@@ -72,6 +72,12 @@ class SampleTags:
         if twins and samples <= INT64_MAX:
             self._writer(rank).write(Record(samples, record.wall_time, scalars=twins))
 
+    def open(self, rank: int) -> None:
+        """Open the twins' run without writing: a writer opened after a restart hands the other
+        outputs what the run holds past the checkpoint, which they may have lost with the process."""
+        if self._batch(rank)[0] is not None:
+            self._writer(rank)
+
     def resume(self, rank: int, step: int, wall_time: float | None) -> None:
         """The rank's training went back to ``step``: supersede the twins from ``step x GBS`` on."""
         gbs, _ = self._batch(rank)

@@ -312,13 +312,18 @@ def test_a_checkpoint_holds_the_configuration_read_since_the_last_one(tmp_path: 
     assert again.config(0) == meta.config(0) and again.batch(0) == (None, 8)
 
 
+@pytest.mark.parametrize("checkpointed", ["from-its-checkpoint", "with-no-checkpoint"])
 @pytest.mark.parametrize("later", ["nothing", "a resume"])
-def test_a_kill_after_the_card_before_its_checkpoint_leaves_the_card_shown(tmp_path: Path, later: str) -> None:
+def test_a_kill_after_the_card_before_its_checkpoint_leaves_the_card_shown(tmp_path: Path, later: str,
+                                                                            checkpointed: str) -> None:
     """The window between a checkpoint's writing of the card (``run.json`` at once, the event still
     buffered, or on disk) and the saving of that checkpoint: a SIGKILL there leaves a checkpoint
     that knows no card and a ``run.json`` that says the settings were written. The restart shows
     the card at step 3, also after a resume to step 2 purges it (before, neither was written
-    again). The kill: the writer is abandoned, its buffer lost, or closed when the card reached disk."""
+    again). The kill: the writer is abandoned, its buffer lost, or closed when the card reached disk.
+    The restart goes on from the checkpoint of the rank, or (killed before the rank's first
+    checkpoint) from none, reading the start-up lines and steps again (before, it trusted
+    ``run.json`` and wrote no card when the buffered one was lost)."""
     run = tmp_path / "rank_0"
     for buffered in (True, False):
         shutil.rmtree(run, ignore_errors=True)
@@ -332,9 +337,19 @@ def test_a_kill_after_the_card_before_its_checkpoint_leaves_the_card_shown(tmp_p
         since = RunView(dict(view.watermarks), view.file, view.size)
         meta.write_due({0: writer})
         writer.abandon() if buffered else writer.close()  # SIGKILL before the next checkpoint is saved
-        again, restarted = RunMetadata(), RunWriter(run, since)
-        again.load(0, checkpoint, run)
-        again.shown(0, restarted.view.watermarks)
+        again = RunMetadata()
+        if checkpointed == "from-its-checkpoint":
+            restarted = RunWriter(run, since)
+            again.load(0, checkpoint, run)
+            again.shown(0, restarted.view.watermarks)
+        else:
+            restarted = RunWriter(run)
+            again.note(0, {"model": "llama", "world_size": 2, "global_batch_size": 4})
+            for step in (3, 4):  # read again: written anew if the kill lost them, else duplicates
+                record = Record(step, 1000.0 + step, scalars={"loss": float(step)}, training_step=True)
+                if restarted.view.watermarks.get("loss", -1) < step:
+                    restarted.write(record)
+                again.stepped(0, record, resumed=False)
         if later == "a resume":
             again.write_due({0: restarted})
             restarted.resume(2, 1010.0, "resumed")

@@ -33,6 +33,10 @@ due again (:meth:`RunMetadata.shown`; the HParams data go with it). That step is
 ``run.json``, written with the settings it pairs with: a SIGKILL between writing them (the card
 still buffered, or purged by a later START) and the checkpoint leaves a checkpoint that knows no
 card while ``run.json`` says the settings were written, so a restart takes both from ``run.json``.
+A restart with no checkpoint of the rank at all (killed before its first one) trusts ``run.json``'s
+settings only if the run shows their card at ``card_step``: a SIGKILL after ``run.json`` was
+written but before the buffered card reached the disk leaves a ``run.json`` whose card never
+existed, and the restart, reading the start-up lines again, writes it then.
 
 Across restarts: what a rank's metadata holds (the configuration read so far, so also the global
 batch size and world size the batch-derived tags need, and where its segment and card are) is
@@ -257,9 +261,12 @@ class RunMetadata:
             if values == meta.written or not any(v is not None for v in values.values()):
                 continue
             digest = self._digest(rank, values)
-            if meta.written is None and meta.card_step is None and _load(writer.run_dir).get("settings") == values:
-                meta.written = told[rank] = values  # a restart that read the start-up lines again
-                continue
+            if meta.written is None and meta.card_step is None:  # a restart with no checkpoint of the rank
+                written, card_step = _written(_load(writer.run_dir))
+                if written == values and (card_step is None or writer.view.watermarks.get(CONFIG_TAG, -1) >= card_step):
+                    meta.written, meta.card_step = values, card_step  # it read the start-up lines again
+                    told[rank] = values
+                    continue
             step = max(due if due is not None else meta.last_step, writer.view.watermarks.get(CONFIG_TAG, -1) + 1)
             wall = meta.segment_wall if meta.segment_wall is not None else 0.0
             writer.write_values(step, wall, [text_value(CONFIG_TAG, markdown(values, digest)), *_hparams_values(values)])

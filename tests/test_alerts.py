@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from live_helpers import BIN, LiveEnv, RankLog, paced, poll, wait_until
+from outputs import assert_same_outputs, read_run
 from tb_read import scalars, texts
 
 pytest_plugins = ["live_helpers"]
@@ -279,3 +280,47 @@ def test_a_spike_after_a_sigkill_is_raised_once_as_in_one_run(live: LiveEnv, tmp
     assert "ALERT loss-spike: rank 0, step 25" not in sidecar.stderr()  # the restarted one's log
     replay(live.output, tmp_path / "whole")
     assert alert_texts(live.out) == alert_texts(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("wake_mode", ["inotify"])
+def test_an_alert_superseded_before_a_sigkill_is_not_written_again(live: LiveEnv, tmp_path: Path) -> None:
+    """After the last checkpoint, steps 21-30 page a NaN loss at 25, and training goes back to
+    step 22 (its START purges the alert); SIGKILL. The restart reads steps 21-30 again, now
+    superseded, and judges them again so its baselines are an uninterrupted run's: their alerts
+    are neither paged again nor written to the run, which shows what one replay shows (before, the
+    NaN alert at 25 came back in the run; found by the model-based test's long search)."""
+    hook, sent = tmp_path / "hook.py", tmp_path / "sent.jsonl"
+    hook.write_text(HOOK)
+    log = RankLog(live.output / "log" / "rank_0" / "info.log", 0,
+                  loss_of=lambda step: math.nan if step == 25 else 2.0 + 0.01 * (step % 5))
+    log.step(20)
+    sidecar = live.sidecar("--checkpoint-interval", "600", "--on-alert", f"{sys.executable} {hook} {sent}")
+    sidecar.start()  # the first checkpoint comes at once, the next not in this test
+
+    def checkpointed() -> bool:
+        try:
+            return json.loads(live.state_file().read_text())["runs"]["0"]["alerts"]["last_step"] == 20
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    def paged() -> list[tuple[str, str, int]]:
+        lines = sent.read_text().splitlines() if sent.exists() else []
+        return [(a["alert"], a["state"], a["step"]) for a in map(json.loads, lines)]
+
+    wait_until(checkpointed, 15, "the first checkpoint")
+    log.step(10)
+    wait_until(lambda: len(paged()) == 2, 15, "the NaN paged and resolved")
+    log.loss_of = lambda step: 1.5 + 0.01 * (step % 5)
+    log.go_back(22)
+    log.step(5)
+    wait_until(lambda: sorted(scalars(live.out / "rank_0")["loss"]) == list(range(1, 27)), 15, "the resumed steps")
+    assert "alerts/nan-loss" not in read_run(live.out / "rank_0").texts  # the resume's START purged it
+    sidecar.kill()
+    sidecar.start()
+    log.step(2)
+    wait_until(lambda: max(scalars(live.out / "rank_0")["loss"]) == 28, 15, "steps after the restart")
+    assert sidecar.stop()[0] == 0
+    assert paged() == [("nan-loss", "firing", 25), ("nan-loss", "resolved", 26)]
+    assert "alerts/nan-loss" not in read_run(live.out / "rank_0").texts
+    replay(live.output, tmp_path / "whole", "--instance", "test")
+    assert_same_outputs(tmp_path / "whole", live.out)

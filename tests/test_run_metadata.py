@@ -254,30 +254,32 @@ def test_a_resume_after_the_card_keeps_it_where_one_replay_puts_it(tmp_path: Pat
 
 
 @pytest.mark.parametrize("wake_mode", ["inotify"])
-def test_a_kill_after_a_resume_marker_before_its_checkpoint_writes_the_card_again(live: LiveEnv,
-                                                                                  tmp_path: Path) -> None:
+@pytest.mark.parametrize("unheld", [0, 2])
+def test_a_kill_after_a_resume_marker_before_its_checkpoint_writes_the_card_again(live: LiveEnv, tmp_path: Path,
+                                                                                  unheld: int) -> None:
     """A live sidecar writes the card at step 1 and stops; a restart (no checkpoint for ten minutes)
-    reads a resume to step 1, whose START purges the card, and is killed before checkpointing it.
-    The next restart reads that resume again as a copy, so only its run shows the purge: the card
-    is written again at step 1, as one replay puts it (before, the checkpoint said it was written,
-    and the run never showed it again)."""
+    reads ``unheld`` more steps and a resume to step 1, whose START purges the card, and is killed
+    before checkpointing them. The next restart reads them again (the resume as a copy), so only
+    its run shows the purge: the card is written again at step 1, as one replay puts it (before,
+    the checkpoint said it was written, and the run never showed it again)."""
     log, before, resumed = _resumed_log(tmp_path, steps=10, again=5)
-    last = len(b"".join(before.splitlines(keepends=True)[-2:]))  # step 10: its head and bar lines
-    log.write_bytes(before[:-last])
+    lines = before.splitlines(keepends=True)
+    read, held = (len(b"".join(lines[:len(lines) - 2 * n])) for n in (unheld + 1, unheld))  # a step: head and bar
+    log.write_bytes(before[:read])
     run = live.out / "rank_0"
     first = live.sidecar().start()
     wait_until(lambda: tb_text_steps(run, "config") == [1], 20, "the card at step 1")
     assert first.stop()[0] == 0
     second = live.sidecar("--checkpoint-interval", "600").start()
     with open(log, "ab") as fh:
-        fh.write(before[-last:])
-    wait_until(lambda: _held(live) == len(before), 20, "the first read checkpointed (the next is 600 s away)")
+        fh.write(before[read:held])
+    wait_until(lambda: _held(live) == held, 20, "the first read checkpointed (the next is 600 s away)")
     with open(log, "ab") as fh:
-        fh.write(resumed)
+        fh.write(before[held:] + resumed)
     wait_until(lambda: [s for s, _ in tb_points(run)] == [1, 2, 3, 4, 5], 20, "the resumed steps on disk")
     second.kill()
     assert tb_text_steps(run, "config") == []  # the resume's START purged it, and no checkpoint saw that
-    assert _held(live) == len(before)
+    assert _held(live) == held
     third = live.sidecar().start()
     wait_until(lambda: tb_text_steps(run, "config") == [1], 20, "the card written again at step 1")
     assert third.stop()[0] == 0

@@ -31,7 +31,9 @@ episodes, windows), so that a restart judges as an uninterrupted run: an episode
 a SIGKILL is not raised again after it, and a spike is judged against the same baseline. A record
 a run shows that was written after the checkpoint (before a kill) is judged again (``again``):
 its verdicts go to the sinks that write the runs (:attr:`Alerts.writers`, which write nothing
-twice) but page no one a second time (the log, ``--on-alert``). Other records read again after a
+twice) but page no one a second time (the log, ``--on-alert``). One that a resume written
+before the kill superseded (``superseded``) is judged for the baselines alone: the resume's
+START purged its step's alert events, and writing them again would show them after it. Other records read again after a
 restart (the run already shows them) move the lifecycle but raise nothing. A restarted sidecar
 counts a running rank's wait for its next step from its own start.
 """
@@ -149,6 +151,7 @@ class Alerts:
         # that sees every rank (sidecar.service.replay_workers).
         self.loss_sink: LossSink = self.note_loss
         self._again = False  # the verdicts being emitted are of records judged again (observe's ``again``)
+        self._superseded = False  # ... of a record judged again that its run no longer shows (observe's)
         self._divergence_on = self.settings.divergence.enabled
         self._loss_ranks: set[int] = set()  # ranks whose loss the divergence check has seen
         self._divergence = Episode(after=self.settings.divergence.steps, clear=self.settings.divergence.steps)
@@ -170,12 +173,14 @@ class Alerts:
 
     # -- per record ------------------------------------------------------------------------
     def observe(self, rank: int, record: Record, now: float, loss_ranks: set[int] | None = None,
-                seen: bool = False, again: bool = False) -> None:
+                seen: bool = False, again: bool = False, superseded: bool = False) -> None:
         """One record as written to the rank's run; ``loss_ranks``: whose loss the aggregate counts
         (``None``: every rank), or an empty set for no divergence check (no aggregate). ``seen``:
         a record without a training step that the run already shows (read again after a restart).
         ``again``: a training step the run shows that was written after the checkpoint the
-        detectors were restored from: judged, but what it raises was paged before the restart."""
+        detectors were restored from: judged, but what it raises was paged before the restart.
+        ``superseded``: such a record that a resume the run shows went back past since: judged for
+        the baselines only, since its step's events were purged (an uninterrupted run's too)."""
         watch = self.ranks.get(rank) or self.watch(rank)
         state = lifecycle_of(record)
         if state is not None:
@@ -192,7 +197,7 @@ class Alerts:
                 watch.checkpoint_step = record.step
         if not record.training_step:
             return
-        self._again = again
+        self._again, self._superseded = again, again and superseded
         scalars = record.scalars
         watch.last_step, watch.arrived = record.step, now
         if watch.stall is not None and self.live:
@@ -240,7 +245,7 @@ class Alerts:
             loss = scalars.get(tags.LOSS)
             if loss is not None:
                 self.loss_sink(rank, record.step, loss, record.wall_time, loss_ranks, again)
-        self._again = False
+        self._again = self._superseded = False
 
     def _lifecycle(self, rank: int, watch: RankWatch, state: Lifecycle, record: Record, seen: bool) -> None:
         """Move a rank's lifecycle. A record the run already shows (a copy in another file, or read
@@ -394,6 +399,8 @@ class Alerts:
     def _emit(self, alert: Alert) -> None:
         key = (-1 if alert.rank is None else alert.rank, alert.name)
         self.active[key] = not alert.resolved
+        if self._superseded:
+            return  # written and purged before the restart, as in an uninterrupted run
         for sink in self.writers:
             sink(alert)
         if self._again:

@@ -231,4 +231,4 @@ class DeliveryPart:
         if key in rank.unjudged:
             rank.unjudged.discard(key)
             compared = self.cross.compared_ranks() if self.cross is not None and shown else set()
-            self.alerts.observe(rank_id, record, now, compared, again=True)
+            self.alerts.observe(rank_id, record, now, compared, again=True, superseded=not shown)

@@ -5,8 +5,10 @@ the node sidecar sees only that rank, so the global batch size, the world size, 
 layout and the configuration come from start-up lines read once, long before most steps. It is
 written line by line at a trainer's pace (:data:`PACE` lines a second) into a directory a live
 sidecar follows from before the job starts. The sidecar is stopped (SIGKILL, or SIGTERM where
-that differs) at one point, the job goes on while it is down, it is restarted, and when the job
-is done every output (every scalar tag at every step, the derived ``batch-size``,
+that differs) at one point, the job goes on while it is down (still at :data:`PACE`), it is
+restarted, and the rest of the log, after the restart the test is about, is written line by line
+at :data:`REST_PACE` (the sidecar reads it as it reads any lines; the pace only costs time). When
+the job is done every output (every scalar tag at every step, the derived ``batch-size``,
 ``B-samples-per-day`` and ``*_vs_samples`` twins, ``parallel-layout``, the ``config`` card, HParams
 data, ``run.json``, the aggregate and layout runs) must equal a replay of the same file, point
 for point (:func:`outputs.assert_same_outputs`).
@@ -40,11 +42,13 @@ GENUINE = Path(__file__).parent / "fixtures" / "real" / "mf1.9-dp2" / "output" /
 DP2 = GENUINE.parents[2]  # output/: both ranks' info.log and worker_N.log
 WORKER_0 = DP2 / "msrun_log" / "worker_0.log"
 PACE = 30.0  # lines a second, as the trainer wrote them
+REST_PACE = 1000.0  # lines a second after the restart: the stop and the restart are behind
 DOWN = 2.0  # seconds the sidecar is down while the job goes on
 
 
 class PacedLog:
-    """The genuine log's lines, appended to ``path`` at :data:`PACE` lines a second."""
+    """The genuine log's lines, appended to ``path`` at :data:`PACE` lines a second (the rest,
+    after the restart, at :data:`REST_PACE`)."""
 
     def __init__(self, path: Path, genuine: Path = GENUINE) -> None:
         self.lines = genuine.read_bytes().splitlines(keepends=True)
@@ -61,15 +65,16 @@ class PacedLog:
     def offset(self, line: int) -> int:
         return sum(len(x) for x in self.lines[:line])
 
-    def write_to(self, end: int) -> None:
+    def write_to(self, end: int, pace: float = PACE) -> None:
         with open(self.path, "ab") as fh:
-            for line in paced(self.lines[self.at:end], 1 / PACE):
+            for line in paced(self.lines[self.at:end], 1 / pace):
                 fh.write(line)
                 fh.flush()
                 self.at += 1
 
     def write_rest(self) -> None:
-        self.write_to(len(self.lines))
+        """The lines after the restart, line by line at :data:`REST_PACE`."""
+        self.write_to(len(self.lines), REST_PACE)
 
 
 def _checkpointed(live: LiveEnv) -> int:

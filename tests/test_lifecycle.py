@@ -159,12 +159,17 @@ def test_a_job_that_runs_again_after_its_finish_can_stall_again(live: LiveEnv, t
 
 
 # -- across SIGKILL and restart ------------------------------------------------------------------
+class QuickCheckpoints(Job):
+    def extra(self) -> list[str]:
+        return ["--checkpoint-interval", "0.5"]  # the test waits for the one that holds the stall, then kills
+
+
 @pytest.mark.parametrize("wake_mode", ["inotify"])
 def test_a_restart_keeps_the_finish_and_the_open_stall(live: LiveEnv, tmp_path: Path) -> None:
     """Rank 0 finished, rank 1 was alerted as stalled; SIGKILL once that is checkpointed, restart:
     no stall for rank 0, rank 1's stall is not raised again (its wait counts from the restart),
     and its next step resolves it once."""
-    job = Job(live, tmp_path)
+    job = QuickCheckpoints(live, tmp_path)
     job.sidecar.start()
     job.steps(STEPS)
     job.logs[0].say(OVER)

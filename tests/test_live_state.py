@@ -107,7 +107,10 @@ def test_a_kill_during_startup_or_after_the_first_step_loses_no_output(live: Liv
                                                                        point: str) -> None:
     log = PacedLog(live.output / "log" / "rank_1" / "info.log")
     steps = sum(b"samples/s/p" in line for line in log.lines)
-    sidecar = live.sidecar().start()
+    # startup: killed as soon as a checkpoint passed the lines, so one every 0.5 s (not the default
+    # 5 s) only shortens the wait for it; first-step keeps the default, so that the steps written
+    # after that checkpoint are not in one when it is killed.
+    sidecar = live.sidecar(*(["--checkpoint-interval", "0.5"] if point == "startup" else [])).start()
     first_head = log.index(b"step:[    1/")
     passed = log.index(b"global_batch_size = ") + 1 if point == "startup" else first_head
     log.write_to(passed)
@@ -129,7 +132,7 @@ def test_the_configuration_outlives_the_start_up_lines(live: LiveEnv, tmp_path: 
     that knows the batch size, the layout and the configuration."""
     log = PacedLog(live.output / "log" / "rank_1" / "info.log")
     steps = sum(b"samples/s/p" in line for line in log.lines)
-    sidecar = live.sidecar().start()
+    sidecar = live.sidecar("--checkpoint-interval", "0.5").start()  # killed as soon as one passed the lines
     passed = log.index(b"step:[    1/")
     log.write_to(passed)
     wait_until(lambda: _checkpointed(live) >= log.offset(passed), 20, "a checkpoint past the start-up lines")

@@ -21,3 +21,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if order(item) < 2:
             item.add_marker(pytest.mark.xdist_group("training"))
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - Iterator[MLflowServer]
+    """One real ``mlflow server`` (:mod:`mlflow_server`) for the session, i.e. for the pytest-xdist
+    worker that runs its tests: ``test_mlflow_sink`` and ``test_model_sinks`` share the xdist group
+    ``model-sinks``, so one worker starts it once (each start took 6-16 s). Each test uses its own
+    experiment; a test that stops the server starts it again."""
+    pytest.importorskip("mlflow")
+    from mlflow_server import MLflowServer
+
+    server = MLflowServer(tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    yield server
+    server.stop()

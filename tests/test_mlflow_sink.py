@@ -1,6 +1,7 @@
 """``--mlflow``: the runs in a real MLflow tracking server, read back with MLflow's own client.
 
-One ``mlflow server`` (SQLite backend, 127.0.0.1) for the module; each test has its experiment.
+One ``mlflow server`` (SQLite backend, 127.0.0.1), the session's (``conftest.mlflow_server``, shared
+with ``test_model_sinks`` in one pytest-xdist group); each test has its experiment.
 The sink is driven directly (tags, params and lifecycle; points that wait in the spool while the
 server is down and are sent once by the next start; a segment sent in part before a kill) and
 through the real command: a replay of genuine mindformers logs gives one MLflow run per
@@ -29,16 +30,15 @@ from sidecar.output.mlflow_sink import MLflowSink
 
 pytest.importorskip("mlflow")
 
+pytestmark = pytest.mark.xdist_group("model-sinks")  # the worker that has the session's MLflow server
+
 REAL = Path(__file__).parent / "fixtures" / "real"
 BIN = Path(sys.executable).with_name("mstb-sidecar")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = MLflowServer(tmp_path_factory.mktemp("mlflow"))
-    srv.start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(mlflow_server: MLflowServer) -> MLflowServer:
+    return mlflow_server
 
 
 def runs_of(server: MLflowServer, experiment: str) -> dict:

@@ -5,7 +5,7 @@ live and in replay, SIGKILL, SIGTERM, rotations, resumes, clock jumps, torn line
 oracle, with one output more, whose own oracle runs at every ``check``, ``replay`` and SIGTERM:
 
 - :class:`WithMLflow`: the live sidecar and the ``replay`` rule also send to one real ``mlflow
-  server`` (SQLite, 127.0.0.1, one for the module; each example its own experiment, the default:
+  server`` (SQLite, 127.0.0.1, the session's: ``conftest.mlflow_server``; each example its own experiment, the default:
   the absolute ``--out``). What docs/mlflow.md promises, read back with MLflow's own client:
   every run with points is an MLflow run of its name; each metric's history holds every point the
   rank's log gave, in every segment (a resume cannot delete a superseded point: both show, each
@@ -24,8 +24,9 @@ oracle, with one output more, whose own oracle runs at every ``check``, ``replay
   cover every staged event file), and its rank runs show what the uninterrupted local replay shows.
 
 Bounded for CI: :data:`EXAMPLES` programs of :data:`STEPS` steps per output (``MSTB_MODEL_EXAMPLES``,
-``MSTB_MODEL_STEPS`` search longer), and the programs in :data:`FOUND`. The servers are module-scoped,
-so the module's tests share one pytest-xdist worker (``xdist_group``).
+``MSTB_MODEL_STEPS`` search longer), and the programs in :data:`FOUND`. moto's server is module-scoped,
+MLflow's is the session's (shared with ``test_mlflow_sink``), so the module's tests and those share one
+pytest-xdist worker (``xdist_group``).
 """
 
 from __future__ import annotations
@@ -291,15 +292,6 @@ class WithBucket(model.LogsAndSidecar):
 
 
 # -- the tests ------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLflowServer]:
-    pytest.importorskip("mlflow")
-    server = MLflowServer(tmp_path_factory.mktemp("mlflow"))
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """moto's S3 server with bucket ``runs``; the environment the sidecars and the reader inherit."""

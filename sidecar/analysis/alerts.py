@@ -33,9 +33,9 @@ a run shows that was written after the checkpoint (before a kill) is judged agai
 its verdicts go to the sinks that write the runs (:attr:`Alerts.writers`, which write nothing
 twice) but page no one a second time (the log, ``--on-alert``). One that a resume written
 before the kill superseded (``superseded``) is judged for the baselines alone: the resume's
-START purged its step's alert events, and writing them again would show them after it. Other records read again after a
-restart (the run already shows them) move the lifecycle but raise nothing. A restarted sidecar
-counts a running rank's wait for its next step from its own start.
+START purged its step's alert events, and writing them again would show them after it. Other
+records read again after a restart (the run already shows them) move the lifecycle but raise
+nothing. A restarted sidecar counts a running rank's wait for its next step from its own start.
 """
 
 from __future__ import annotations

@@ -137,6 +137,14 @@ def _watch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--remote-write-queue", type=int, metavar="SAMPLES",
                         help="samples kept while the receiver is unreachable, the oldest dropped first "
                         "(default 100000)")
+    parser.add_argument("--remote-write-header", dest="remote_write_headers", action="append", metavar="'NAME: VALUE'",
+                        help="send this header with every push, e.g. 'X-Scope-OrgID: team-a' (repeatable)")
+    parser.add_argument("--remote-write-basic-auth-user", metavar="USER",
+                        help="push with basic auth as USER, the password read from --remote-write-password-file")
+    parser.add_argument("--remote-write-password-file", type=Path, metavar="PATH",
+                        help="the basic-auth password (never on the command line); read again on a 401/403")
+    parser.add_argument("--remote-write-bearer-token-file", type=Path, metavar="PATH",
+                        help="push with 'Authorization: Bearer <the file's content>'; read again on a 401/403")
     return parser
 
 

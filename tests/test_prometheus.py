@@ -52,10 +52,10 @@ def test_promtool_checks_and_unit_tests_every_shipped_rule() -> None:
     assert len(names) == 7 and all(f"alertname: {name}" in tested for name in names)
 
 
-def query(port: int, expr: str) -> list[dict]:
+def query(port: int, expr: str, headers: dict[str, str] | None = None) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as resp:
             return json.load(resp)["data"]["result"]
     except OSError:
         return []

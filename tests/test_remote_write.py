@@ -35,10 +35,12 @@ VOLATILE = ("mstb_sidecar_training_seconds_since_step", "mstb_sidecar_remote_wri
 class Prometheus:
     """Debian's prometheus as a remote-write receiver on a fixed port and storage, stoppable and startable."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, web: list[str] = (), headers: dict[str, str] | None = None) -> None:
         self.binary = binary("prometheus")
         self.root = root
         self.port = free_port()
+        self.web = list(web)  # e.g. --web.config.file=...
+        self.headers = headers or {}  # what the API needs then (basic auth)
         (root / "prometheus.yml").write_text("global: {scrape_interval: 1h}\n")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -49,13 +51,14 @@ class Prometheus:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary, f"--config.file={self.root / 'prometheus.yml'}", f"--storage.tsdb.path={self.root / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-remote-write-receiver"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-remote-write-receiver", *self.web],
             stdout=subprocess.DEVNULL, stderr=open(self.root / "prometheus.log", "ab"))
         wait_until(self._ready, 30, "prometheus to be ready")
 
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as resp:
+            request = urllib.request.Request(f"http://127.0.0.1:{self.port}/-/ready", headers=self.headers)
+            with urllib.request.urlopen(request, timeout=1) as resp:
                 return resp.status == 200
         except OSError:
             return False
@@ -67,7 +70,7 @@ class Prometheus:
 
     def raw(self, expr: str) -> list[dict]:
         """A range selector's raw samples: [{metric, values: [[time, "value"], ...]}]."""
-        return query(self.port, expr)
+        return query(self.port, expr, self.headers)
 
 
 @pytest.fixture
@@ -94,7 +97,7 @@ def stored(prom: Prometheus, job: str) -> dict[tuple[str, frozenset], float]:
     """Every series Prometheus holds of the job's push, as :func:`exposition` names them; checks
     the two labels the push adds for a scrape's ``job`` and ``instance``."""
     found = {}
-    for result in query(prom.port, f'{{training_job="{job}"}}'):
+    for result in query(prom.port, f'{{training_job="{job}"}}', prom.headers):
         labels = dict(result["metric"])
         assert (labels.pop("job"), labels.pop("instance")) == ("mstb-sidecar", "test")
         found[(labels.pop("__name__"), frozenset(labels.items()))] = float(result["value"][1])

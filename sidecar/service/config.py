@@ -27,6 +27,7 @@ from sidecar.analysis.detectors import AlertSettings, Group
 from sidecar.following.tailer import STDIN
 from sidecar.output import run_names
 from sidecar.output.bucket import SCHEME, split_url
+from sidecar.service.remote_auth import parse_headers, read_secret
 
 
 class ConfigError(Exception):
@@ -73,6 +74,10 @@ class SidecarConfig(BaseModel):
     remote_write: str | None = None
     remote_write_interval: float = Field(15.0, gt=0)
     remote_write_queue: int = Field(100_000, ge=1, description="samples kept while the receiver is unreachable")
+    remote_write_headers: dict[str, str] = {}  # sidecar.service.remote_auth.parse_headers
+    remote_write_basic_auth_user: str | None = None
+    remote_write_password_file: Path | None = None  # files only: a secret on the command line shows in ps
+    remote_write_bearer_token_file: Path | None = None
     mlflow: str | None = None  # a tracking URI: sidecar.output.mlflow_sink
     # alerts
     alerts: AlertSettings = AlertSettings()
@@ -154,6 +159,40 @@ class SidecarConfig(BaseModel):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("not an http:// or https:// URL; e.g. http://prometheus:9090/api/v1/write")
         return value
+
+    @field_validator("remote_write_headers", mode="before")
+    @classmethod
+    def _headers(cls, value: object) -> object:
+        return parse_headers(value)
+
+    @field_validator("remote_write_basic_auth_user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(c in value for c in ":\r\n")):
+            raise ValueError("a user name, not empty, without ':' or a line break")
+        return value
+
+    @field_validator("remote_write_password_file", "remote_write_bearer_token_file")
+    @classmethod
+    def _secret_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            read_secret(value)  # readable and not empty now; read again by the pusher (not kept here)
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> SidecarConfig:
+        user, password, token = (self.remote_write_basic_auth_user, self.remote_write_password_file,
+                                 self.remote_write_bearer_token_file)
+        if token is not None and (user is not None or password is not None):
+            raise ConfigError("--remote-write-bearer-token-file and --remote-write-basic-auth-user "
+                              "(--remote-write-password-file) exclude each other; give one")
+        if self.remote_write is None and (self.remote_write_headers or user or password or token):
+            raise ConfigError("--remote-write-header and the credential options are for --remote-write URL; "
+                              "give it too, or drop them")
+        if (user is None) != (password is None):
+            raise ConfigError("--remote-write-basic-auth-user and --remote-write-password-file go together "
+                              "(the password only from a file: the command line shows in ps)")
+        return self
 
     @field_validator("mlflow")
     @classmethod
@@ -272,7 +311,7 @@ def _describe(err: dict, written: dict[str, str], config_file: Path | None, raw:
             node = node.get(key) if isinstance(node, dict) else None
             model = fields[part].annotation if part in fields else None
         return f"{config_file}: '{'.'.join(path)}': {msg}"
-    option = {"paths": paths_option, "out": "--out DIR"}.get(field, "--" + field.replace("_", "-"))
+    option = {"paths": paths_option, "out": "--out DIR", "remote_write_headers": "--remote-write-header"}.get(field, "--" + field.replace("_", "-"))
     return f"{option}: {msg}"
 
 

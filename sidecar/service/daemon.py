@@ -172,10 +172,13 @@ def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Wa
         registry.register(BucketCollector(uploader, job))
     pusher = None
     if config.remote_write is not None:
+        from sidecar.service.remote_auth import Credentials
         from sidecar.service.remote_write import RemoteWrite, RemoteWriteCollector
 
+        credentials = Credentials(config.remote_write_basic_auth_user, config.remote_write_password_file,
+                                  config.remote_write_bearer_token_file)
         pusher = RemoteWrite(config.remote_write, registry, config.remote_write_interval,
-                             config.remote_write_queue, config.instance)
+                             config.remote_write_queue, config.instance, config.remote_write_headers, credentials)
         registry.register(RemoteWriteCollector(pusher, job))
     if config.metrics_port is not None:
         try:

@@ -18,6 +18,11 @@ The queue is bounded in samples (``--remote-write-queue``): when full, the oldes
 dropped and counted (the newest is always kept). On SIGTERM a last snapshot is taken after the
 drain and the queue is sent within ``drain_timeout``; what is left then is counted as dropped.
 Outcomes are counted in ``mstb_sidecar_remote_write_*`` (pushed too) and in the status line.
+
+Each request also carries ``--remote-write-header``\ s and the credentials of
+:mod:`sidecar.service.remote_auth`. A 401 or 403 is not final: the credential file is read again
+(a rotated Secret) and the same snapshot retried with backoff, counted as ``unauthorized``; the
+queue is kept. Neither the log nor the status line nor the metrics ever show the secret.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sidecar import __version__
+from sidecar.service.remote_auth import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,8 @@ REQUEST_TIMEOUT = 30.0  # Prometheus' own remote_timeout
 MIN_BACKOFF, MAX_BACKOFF = 0.25, 10.0  # doubled per failed attempt, then jittered
 MAX_RETRY_AFTER = 300.0  # a Retry-After longer than this is taken as this
 OUTCOMES = ("sent", "rejected", "dropped")
-FAILURES = ("network", "server-error", "throttled")  # retried; a rejection is not
+FAILURES = ("network", "server-error", "throttled", "unauthorized")  # retried; a rejection is not
+UNAUTHORIZED = (401, 403)
 
 
 def _write_request_class() -> type:
@@ -112,8 +119,11 @@ class RemoteWrite:
     """The collecting and the sending thread, the bounded queue between them, and their counters."""
 
     def __init__(self, url: str, registry: CollectorRegistry, interval: float, capacity: int,
-                 instance: str) -> None:
+                 instance: str, headers: dict[str, str] | None = None,
+                 credentials: Credentials | None = None) -> None:
         self.url = url
+        self.headers = {**(headers or {}), **HEADERS}
+        self.credentials = credentials or Credentials()
         self.registry = registry
         self.interval = interval
         self.capacity = capacity
@@ -130,6 +140,7 @@ class RemoteWrite:
         self._failing_since: float | None = None
         self._last_error = ""
         self._rejection_logged = False
+        self._refused = False  # the last failure was a 401/403 (logged when it starts)
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as Prometheus: no env proxy
         self._threads = [threading.Thread(target=self._collect_loop, name="remote-write-collect", daemon=True),
                          threading.Thread(target=self._send_loop, name="remote-write-send", daemon=True)]
@@ -218,6 +229,8 @@ class RemoteWrite:
                 else:
                     self.failures[answer.reason] += 1
             self._account(answer)
+            if answer.reason == "unauthorized":
+                self._reload_credentials()
             if answer.outcome == "retry":
                 wait = answer.wait if answer.wait is not None else backoff * random.uniform(0.5, 1.0)
                 backoff = min(backoff * 2, MAX_BACKOFF)
@@ -227,13 +240,16 @@ class RemoteWrite:
                 backoff = MIN_BACKOFF
 
     def _post(self, payload: bytes, timeout: float) -> _Answer:
-        request = urllib.request.Request(self.url, data=payload, headers=HEADERS, method="POST")
+        request = urllib.request.Request(self.url, data=payload, method="POST",
+                                         headers={**self.headers, **self.credentials.headers})
         try:
             with self._opener.open(request, timeout=timeout) as response:
                 response.read()
             return _Answer("sent")
         except urllib.error.HTTPError as exc:
             message = _message(exc)
+            if exc.code in UNAUTHORIZED:
+                return _Answer("retry", "unauthorized", f"HTTP {exc.code}: {message}")
             if exc.code == 429 or exc.code >= 500:
                 return _Answer("retry", "throttled" if exc.code == 429 else "server-error",
                                f"HTTP {exc.code}: {message}", _retry_after(exc.headers.get("Retry-After")))
@@ -242,19 +258,29 @@ class RemoteWrite:
             reason = getattr(exc, "reason", None) or exc
             return _Answer("retry", "network", str(getattr(reason, "strerror", None) or reason))
 
+    def _reload_credentials(self) -> None:
+        """After a 401/403: the credential file again, as a rotated Secret mount holds the new one."""
+        try:
+            self.credentials.reload()
+        except ValueError as exc:  # the message names the file, never its content
+            log.warning("remote write to %s: %s; keeping the credentials read before", self.url, exc)
+
     def _account(self, answer: _Answer) -> None:
         """Log a failure once when it starts and once when it is over, a rejection once."""
         now = time.monotonic()
         if answer.outcome == "retry":
             self._last_error = answer.detail
-            if self._failing_since is None:
-                self._failing_since = now
-                log.warning("remote write to %s failed (%s); retrying with backoff, keeping up to %d samples",
-                            self.url, answer.detail, self.capacity)
+            if self._failing_since is None or (answer.reason == "unauthorized" and not self._refused):
+                self._failing_since = self._failing_since or now
+                file = self.credentials.file
+                again = f"; reading {file} again" if answer.reason == "unauthorized" and file else ""
+                log.warning("remote write to %s failed (%s)%s; retrying with backoff, keeping up to %d samples",
+                            self.url, answer.detail, again, self.capacity)
+            self._refused = answer.reason == "unauthorized"
             return
         if self._failing_since is not None:
             log.info("remote write to %s works again after %.0f s", self.url, now - self._failing_since)
-            self._failing_since, self._last_error = None, ""
+            self._failing_since, self._last_error, self._refused = None, "", False
         if answer.outcome == "rejected" and not self._rejection_logged:
             self._rejection_logged = True
             log.warning("remote write to %s: the server rejected a push (%s); not retried, counted as rejected "
@@ -302,7 +328,7 @@ class RemoteWriteCollector(Collector):
         yield samples
         failed = CounterMetricFamily("mstb_sidecar_remote_write_failed_requests",
                                      "Push requests that failed and were retried (network, server-error: 5xx, "
-                                     "throttled: 429)", labels=["training_job", "reason"])
+                                     "throttled: 429, unauthorized: 401/403)", labels=["training_job", "reason"])
         for reason in FAILURES:
             failed.add_metric([job, reason], pusher.failures[reason])
         yield failed

@@ -134,6 +134,10 @@ def test_the_docs_have_commands_to_check() -> None:
     assert {args[0] for args in complete} >= {"--watch", "replay", "check", "aggregate"}
 
 
+SECRET_FILES = ("remote_write_password_file", "remote_write_bearer_token_file")  # read when configured
+STAND_IN_SECRET = Path(__file__).parent / "fixtures" / "docs-secret"
+
+
 def configure(args: list[str], complete: bool = True) -> SidecarConfig:
     """``mstb-sidecar ARGS`` as :func:`sidecar.cli.main` reads it, up to the validated configuration
     (no file is read); ``complete=False`` for a synopsis, which may leave out ``--out`` or the paths.
@@ -145,6 +149,9 @@ def configure(args: list[str], complete: bool = True) -> SidecarConfig:
     ns.pop("once", None)
     if ns.get("on_alert"):  # the docs' pager is not installed here: any executable stands in for it
         ns["on_alert"] = shlex.join([sys.executable, *shlex.split(ns["on_alert"])[1:]])
+    for secret in SECRET_FILES:  # the docs' Secret mount is not here: a file of the tests stands in
+        if ns.get(secret) is not None:
+            ns[secret] = STAND_IN_SECRET
     if command == "check":
         ns["out"] = Path(".")
     if command == "aggregate":
@@ -181,8 +188,9 @@ def test_every_configuration_file_in_the_docs_loads(tmp_path: Path) -> None:
     assert len(blocks) >= 3, blocks  # the file example, custom metrics, alert thresholds
     for doc, text in blocks:
         file = tmp_path / "sidecar.yaml"
-        file.write_text(text)
         data = yaml.safe_load(text)
+        secrets = {key: str(STAND_IN_SECRET) for key in data if key.replace("-", "_") in SECRET_FILES}
+        file.write_text(yaml.safe_dump({**data, **secrets}) if secrets else text)
         cli_values = {"paths": None if "watch" in data else [Path(".")], "out": None if "out" in data else Path("o")}
         load_config(cli_values, file)  # raises ConfigError, naming the key, on anything it refuses
 

@@ -15,11 +15,12 @@ import base64
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from live_helpers import free_port, wait_until
+from live_helpers import Sidecar, free_port, wait_until
 from test_cli import one_line_error, run
 from test_remote_write import FIXTURE, Prometheus, Receiver, exposition, key, sidecar, stored
 
@@ -36,7 +37,7 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def secured(tmp_path: Path) -> Prometheus:
+def secured(tmp_path: Path) -> Iterator[Prometheus]:
     root = tmp_path / "prometheus"
     root.mkdir()
     (root / "web.yml").write_text(f"basic_auth_users:\n  {USER}: '{HASH}'\n")
@@ -46,8 +47,15 @@ def secured(tmp_path: Path) -> Prometheus:
     server.stop()
 
 
-def auth_options(password_file: Path) -> tuple[str, ...]:
-    return "--remote-write-basic-auth-user", USER, "--remote-write-password-file", str(password_file)
+def pushing(tmp_path: Path, prom: Prometheus, job: str, password: str) -> tuple[Sidecar, int, Path]:
+    """(the sidecar, its --metrics-port, its password file) pushing every 0.2 s as USER with ``password``."""
+    password_file = tmp_path / "password"
+    password_file.write_text(password + "\n")
+    port = free_port()
+    side = sidecar(tmp_path, FIXTURE, "--metrics-port", str(port), "--job", job, "--remote-write", prom.url,
+                   "--remote-write-interval", "0.2", "--remote-write-basic-auth-user", USER,
+                   "--remote-write-password-file", str(password_file))
+    return side, port, password_file
 
 
 def assert_no_secret(tmp_path: Path, text: str, *secrets: str) -> None:
@@ -62,11 +70,7 @@ def test_basic_auth_from_a_file_gets_the_values_into_a_prometheus_that_requires_
     with pytest.raises(urllib.error.HTTPError) as refused:  # the receiver does require it
         urllib.request.urlopen(f"http://127.0.0.1:{secured.port}/api/v1/query?query=up", timeout=2)
     assert refused.value.code == 401
-    password = tmp_path / "password"
-    password.write_text(PASSWORD + "\n")
-    port = free_port()
-    side = sidecar(tmp_path, FIXTURE, "--metrics-port", str(port), "--job", "rw-basic", "--remote-write",
-                   secured.url, "--remote-write-interval", "0.3", *auth_options(password))
+    side, port, _ = pushing(tmp_path, secured, "rw-basic", PASSWORD)
     step = key("mstb_sidecar_training_step", "rw-basic", rank="0")
     try:
         wait_until(lambda: stored(secured, "rw-basic").get(step) == 200.0, 20, "the pushed step to be queryable")
@@ -81,11 +85,7 @@ def test_basic_auth_from_a_file_gets_the_values_into_a_prometheus_that_requires_
 
 def test_a_wrong_password_is_retried_and_the_queue_arrives_once_the_file_is_fixed(tmp_path: Path,
                                                                                   secured: Prometheus) -> None:
-    password = tmp_path / "password"
-    password.write_text(WRONG + "\n")
-    port = free_port()
-    side = sidecar(tmp_path, FIXTURE, "--metrics-port", str(port), "--job", "rw-rotate", "--remote-write",
-                   secured.url, "--remote-write-interval", "0.2", *auth_options(password))
+    side, port, password = pushing(tmp_path, secured, "rw-rotate", WRONG)
     unauthorized = key("mstb_sidecar_remote_write_failed_requests_total", "rw-rotate", reason="unauthorized")
     pending = key("mstb_sidecar_remote_write_pending_samples", "rw-rotate")
     try:

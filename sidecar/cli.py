@@ -34,7 +34,8 @@ EXIT_CODES = f"""exit codes:
   {EXIT_WRITE}  the output could not be written (disk full, read-only, deleted); run again after the fix
   {EXIT_USAGE}  misuse: bad option or config, missing path (replay), unwritable --out,
      another sidecar already writing --out as this instance
-  {EXIT_METRICS}  the --metrics-port endpoint could not be served (port in use, bad --metrics-host)
+  {EXIT_METRICS}  the --metrics-port endpoint could not be served (port in use, bad --metrics-host),
+     or a --remote-write credential file could not be read at start
   {EXIT_CHECK}  check: a file found cannot be followed (unreadable, not recognised) or none was found
   {EXIT_ALERT}  replay: an alert that --fail-on names was raised (everything was still written)
   {EXIT_INTERRUPTED}  replay: stopped by Ctrl-C; the same command goes on from its last checkpoint"""

@@ -205,3 +205,22 @@ def test_misuse_is_a_one_line_error(tmp_path: Path, options: list[str], config: 
 def test_the_header_and_credential_options_need_remote_write(tmp_path: Path) -> None:
     proc = run("--watch", str(FIXTURE), "--out", str(tmp_path / "o"), "--remote-write-header", "X-A: b")
     assert proc.returncode == 2 and "are for --remote-write URL" in one_line_error(proc)
+
+
+def test_a_credential_file_gone_after_the_options_were_checked_is_a_misuse_not_a_traceback(tmp_path: Path) -> None:
+    """The file is read when the options are checked and again when the pusher starts: removed in
+    between (a Secret being remounted), the start ends with the metrics misuse (exit 3, one line
+    naming the file), before anything is read or served."""
+    from sidecar.service.config import SidecarConfig
+    from sidecar.service.daemon import MetricsUnavailable, run_daemon
+
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    config = SidecarConfig(out=out, paths=[FIXTURE], instance="test", remote_write="http://127.0.0.1:1/w",
+                           remote_write_bearer_token_file=token)
+    token.unlink()
+    with pytest.raises(MetricsUnavailable, match=f"--remote-write: cannot read {token}: No such file"):
+        run_daemon(config)
+    assert not any(out.glob("rank_*"))

@@ -88,7 +88,8 @@ NOTIFY_STATUS_EVERY = 1.0  # systemd STATUS= at most this often (it changes with
 
 
 class MetricsUnavailable(Exception):
-    """``--metrics-port`` cannot be served (in use, bad host): a misuse, not an output failure."""
+    """``--metrics-port`` cannot be served (in use, bad host), or ``--remote-write``'s credential
+    file can no longer be read (gone since the options were checked): a misuse, not an output failure."""
 
 
 def run_daemon(config: SidecarConfig, sinks: Sequence[Sink] = (), clock: Clock = SYSTEM, wake: Waker | None = None,
@@ -175,8 +176,12 @@ def _publish(engine: Engine, config: SidecarConfig, notifier: Notifier, wake: Wa
         from sidecar.service.remote_auth import Credentials
         from sidecar.service.remote_write import RemoteWrite, RemoteWriteCollector
 
-        credentials = Credentials(config.remote_write_basic_auth_user, config.remote_write_password_file,
-                                  config.remote_write_bearer_token_file)
+        try:
+            credentials = Credentials(config.remote_write_basic_auth_user, config.remote_write_password_file,
+                                      config.remote_write_bearer_token_file)
+        except ValueError as exc:  # read when the options were checked; gone or emptied since
+            wake.stop()
+            raise MetricsUnavailable(f"--remote-write: {exc}; give a readable credential file") from None
         pusher = RemoteWrite(config.remote_write, registry, config.remote_write_interval,
                              config.remote_write_queue, config.instance, config.remote_write_headers, credentials)
         registry.register(RemoteWriteCollector(pusher, job))

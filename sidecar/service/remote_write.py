@@ -19,7 +19,7 @@ dropped and counted (the newest is always kept). On SIGTERM a last snapshot is t
 drain and the queue is sent within ``drain_timeout``; what is left then is counted as dropped.
 Outcomes are counted in ``mstb_sidecar_remote_write_*`` (pushed too) and in the status line.
 
-Each request also carries ``--remote-write-header``\ s and the credentials of
+Each request also carries every ``--remote-write-header`` and the credentials of
 :mod:`sidecar.service.remote_auth`. A 401 or 403 is not final: the credential file is read again
 (a rotated Secret) and the same snapshot retried with backoff, counted as ``unauthorized``; the
 queue is kept. Neither the log nor the status line nor the metrics ever show the secret.

@@ -3,8 +3,11 @@ read back with TensorBoard's loader (the values against mindformers' own are in 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+from outputs import assert_same_outputs
 from sidecar.cli import main
 from tb_read import scalars
 
@@ -69,3 +72,46 @@ def test_a_restart_with_the_start_up_lines_gone_keeps_writing_them(tmp_path: Pat
     shown = scalars(out / "rank_0")
     assert shown["batch-size"] == {s: float(GBS) for s in range(1, 201)}
     assert sorted(scalars(out / "rank_0" / "vs_samples")["loss_vs_samples"]) == [GBS * s for s in range(1, 201)]
+
+
+KILLED_AFTER_THE_RESUMED_RANK_RUN = """\
+import os, sys
+from sidecar.output import event_file
+from sidecar.cli import main
+
+flush = event_file.EventFileWriter.flush
+
+def flush_then_die(self):
+    # SIGKILL right after the rank run's file that holds the resume reached the kernel: whatever
+    # another run still buffers is lost, as when a kill lands between two writers' flushes.
+    flush(self)
+    if self.path.parent.name == "rank_0" and len(event_file.event_files(self.path.parent)) > 1:
+        os._exit(9)
+
+event_file.EventFileWriter.flush = flush_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_after_the_rank_run_reached_the_disk_leaves_its_twins_whole(tmp_path: Path) -> None:
+    """Trained to step 120, resumed from step 49. The sidecar dies (``os._exit``) right after the
+    rank run's file that holds the resume was handed to the kernel; the restart reads the log again
+    and must show, in the twins' run too, what one uninterrupted replay shows. Before, the twins'
+    run flushed after the rank run: the kill left it without the resume's START and the resumed
+    twins, and the restart, reading the resumed steps as ones the rank run shows, never wrote them
+    (found by the model-based test in CI: loss_vs_samples kept the superseded values)."""
+    lines = INFO.read_text().splitlines()
+    at = {step: i for i, line in enumerate(lines) for step in (50, 120)
+          if f"step:[{step - 100 * (step > 100):5d}/  100]" in line and f"Epoch:[{1 + (step > 100):3d}/" in line}
+    log = tmp_path / "output" / "log" / "rank_0" / "info.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(lines[: at[120] + 2] + [x.replace("2026-11-29", "2026-11-30") for x in lines[at[50]:]]) + "\n")
+    out, whole = tmp_path / "summary", tmp_path / "whole"
+    replay = ["replay", str(tmp_path / "output"), "--quiet", "--no-aggregate", "--instance", "test"]
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_THE_RESUMED_RANK_RUN, *replay, "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == 9, killed.stderr
+    assert len(list((out / "rank_0").glob("events.out.tfevents.*"))) > 1  # the resumed file is on disk
+    assert main([*replay, "--out", str(out)]) == 0
+    assert main([*replay, "--out", str(whole)]) == 0
+    assert_same_outputs(whole, out)

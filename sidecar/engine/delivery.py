@@ -31,6 +31,7 @@ from sidecar.output import run_names
 from sidecar.output.event_scan import RunView
 from sidecar.output.layout import LayoutRun
 from sidecar.output.run_writer import RunWriter
+from sidecar.output.samples import SAMPLES_RUN
 from sidecar.output.state import instance_name
 from sidecar.output.thinning import Thinner
 from sidecar.engine.settings import CROSS_RANK, RANK_RUN, ForeignRank, Settings
@@ -82,6 +83,13 @@ class DeliveryPart:
         self._notes.hand_to(aggregator)
         self.aggregator = self.cross = aggregator
         self._notes = None
+
+    def _twins_writer(self, rank: int) -> RunWriter:
+        """The writer of ``rank``'s ``vs samples`` twins, flushed before its run's (RunWriter.derive)."""
+        owner = self.rank(rank)
+        writer = self.tensorboard.writer(f"{owner.name}/{SAMPLES_RUN}")
+        owner.writer.derive(writer)
+        return writer
 
     def run_writer(self, name: str) -> RunWriter:
         """The writer of run ``name``: a rank's own for ``rank_N``, else one of its own."""

@@ -79,7 +79,7 @@ from sidecar.mindspore.ms_follow import SummaryFollower
 from sidecar.output import run_names
 from sidecar.output.layout import LayoutRun
 from sidecar.output.run_meta import RunMetadata
-from sidecar.output.samples import SAMPLES_RUN, SampleTags
+from sidecar.output.samples import SampleTags
 from sidecar.output.sink import Sink
 from sidecar.output.state import State, StateStore
 from sidecar.output.tensorboard import TensorBoardSink
@@ -131,7 +131,7 @@ class Engine(SourcesPart, DeliveryPart, CheckpointPart, ProgressPart):
         self.adopted: list[State] = []  # what replay workers read and wrote (their checkpoint parts)
         self.meta = RunMetadata()
         self.custom = CustomMatcher(settings.metrics) if settings.metrics else None
-        self.samples = SampleTags(self.meta.batch, lambda rank: self.run_writer(f"{self.rank(rank).name}/{SAMPLES_RUN}"))
+        self.samples = SampleTags(self.meta.batch, self._twins_writer)
         if not run_names.needs_hash(settings.run_name):
             self._place(run_names.render(settings.run_name, 0, settings.label, None, settings.job))
         self.bytes_read = 0

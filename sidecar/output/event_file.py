@@ -21,7 +21,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from tensorboard.compat.proto import event_pb2
@@ -108,8 +108,9 @@ def made_by(name: str, pids: Collection[int], since: float) -> bool:
 class EventFileWriter:
     """Appends framed ``Event`` records to a brand-new file; see the module docstring."""
 
-    def __init__(self, run_dir: Path, wall_time: float) -> None:
+    def __init__(self, run_dir: Path, wall_time: float, before_flush: Callable[[], None] | None = None) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
+        self._before_flush = before_flush  # called before buffered records go to the kernel
         self.path = run_dir / next_file_name(run_dir)
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
@@ -143,6 +144,8 @@ class EventFileWriter:
         """Hand buffered records to the kernel; on error trim the partial write and re-raise."""
         if not self._buffer:
             return
+        if self._before_flush is not None:
+            self._before_flush()
         data = b"".join(self._buffer)
         try:
             view = memoryview(data)

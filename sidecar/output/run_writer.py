@@ -68,6 +68,7 @@ class RunWriter:
         self.points_written = 0
         self.lost: str | None = None  # what vanished, once noticed
         self._texts: set[TextIdentity] | None = None  # every text the run holds, once asked (shows)
+        self._derived: list[RunWriter] = []  # runs of points made from this one's records (derive)
 
     @property
     def max_step(self) -> int:
@@ -128,6 +129,18 @@ class RunWriter:
         """Does the run hold a point with this identity? (Reads the whole run: rarely asked.)"""
         self.flush()
         return run_holds(self.run_dir, key)
+
+    def derive(self, other: RunWriter) -> None:
+        """``other`` holds points made from this run's records (a rank's ``vs samples`` twins):
+        its events reach the kernel before this run's do, at every flush, so a SIGKILL never leaves
+        this run showing a record or a resume whose derived points were lost. A restart judges the
+        records it reads again by this run alone (those it shows are not derived again)."""
+        if all(w is not other for w in self._derived):
+            self._derived.append(other)
+
+    def _flush_derived(self) -> None:
+        for other in self._derived:
+            other.flush()
 
     def shows(self, record: Record) -> bool:
         """Does the run hold one of ``record``'s texts with its timestamp (shown or superseded)?
@@ -191,7 +204,7 @@ class RunWriter:
         if self._file is not None and self.max_file_bytes is not None and self._file.pending_size >= self.max_file_bytes:
             self.close()  # rolled: the next file's START (max step + 1) purges nothing
         if self._file is None:
-            self._file = EventFileWriter(self.run_dir, wall_time)
+            self._file = EventFileWriter(self.run_dir, wall_time, self._flush_derived)
             start = self._start_step if self._start_step is not None else self.max_step + 1
             self._start_step = None
             self._file.write(

@@ -15,6 +15,10 @@ run, and TensorBoard then drops every tag's points with step >= S, which in the 
 also drop the twins of steps S/GBS .. S-1 (their steps are x GBS). In their own run they get
 their own START, at S x GBS, which drops exactly the twins a resume supersedes. Tag names are
 mindformers', so TensorBoard's Scalars tab shows them in the same card as mindformers' own.
+
+Across a SIGKILL: the twins' run reaches the disk no later than the rank's run
+(:meth:`RunWriter.derive <sidecar.output.run_writer.RunWriter.derive>`), since a restart derives
+twins only from records the rank's run does not show yet.
 """
 
 from __future__ import annotations

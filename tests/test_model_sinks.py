@@ -326,10 +326,44 @@ FOUND: dict[str, tuple[str, model.Program]] = {
 }
 
 
+# Open findings of a longer search (MSTB_MODEL_EXAMPLES=8, 2026-12-06), not fixed yet: each also
+# fails on the code before that day's changes. Replayed as expected failures so that a fix shows
+# (the MLflow one reads the logs with replays alone, so it fails every time: strict).
+OPEN: dict[str, tuple[str, model.Program, bool, str]] = {
+    "replays-of-a-rewritten-torn-log-lose-a-superseded-twin-in-mlflow": ("mlflow", [
+        ("rewrite_in_place", {"count": 23, "rank": 0, "same_start": True}), ("rotate_by_rename", {"rank": 0}),
+        ("startup_part", {"rank": 1, "upto": 2}),
+        ("torn_line", {"back": 18, "count": 17, "cut": 0.0521844478938769, "rank": 0, "startup": True}),
+        ("torn_line", {"back": 3, "count": 16, "cut": 0.8013169829443183, "rank": 1, "startup": False}),
+        ("rotate_by_rename", {"rank": 1}), ("append_edge", {"count": 2, "edge": "huge-integer", "rank": 1}),
+        ("replay", {}), ("startup_part", {"rank": 0, "upto": 5}), ("resume", {"back": 24, "count": 12, "rank": 1}),
+        ("job_ends", {"crashed": False, "rank": 0}), ("rotate_by_copytruncate", {"rank": 0}),
+        ("append_edge", {"count": 2, "edge": "double-subnormal", "rank": 0}),
+        ("torn_line", {"back": 11, "count": 2, "cut": 0.521925233373617, "rank": 1, "startup": False}),
+        ("rotate_by_rename", {"rank": 0}), ("job_ends", {"crashed": False, "rank": 1}), ("replay", {})], True,
+        "MLflow lacks rank_0/vs_samples at 92 (step 23 of the first job, superseded) that the event files held"),
+    "a-live-resume-after-replays-leaves-the-bucket-unlike-a-replay": ("bucket", [
+        ("replay", {}), ("replay", {}), ("replay", {}), ("append_edge", {"count": 4, "edge": "minus-inf", "rank": 0}),
+        ("resume", {"back": 4, "count": 17, "rank": 1}), ("start", {"poll": False}),
+        ("resume", {"back": 31, "count": 2, "rank": 0}), ("pause", {"seconds": 2.0}), ("check", {})], False,
+        "rank_0 in the bucket differs from the uninterrupted replay (3 of 3 runs; a live rule, so not strict)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPEN))
+def test_open_findings(request: pytest.FixtureRequest, tmp_path: Path, name: str) -> None:
+    output, program, strict, reason = OPEN[name]
+    request.applymarker(pytest.mark.xfail(strict=strict, reason=f"open finding: {reason}"))
+    _run(machine_for(request, output, tmp_path), program)
+
+
 @pytest.mark.parametrize("name", sorted(FOUND))
 def test_sink_programs_found_earlier(request: pytest.FixtureRequest, tmp_path: Path, name: str) -> None:
     output, program = FOUND[name]
-    machine = machine_for(request, output, tmp_path)
+    _run(machine_for(request, output, tmp_path), program)
+
+
+def _run(machine: model.LogsAndSidecar, program: model.Program) -> None:
     try:
         for rule_name, args in program:
             getattr(machine, rule_name)(**args)

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -35,7 +35,7 @@ VOLATILE = ("mstb_sidecar_training_seconds_since_step", "mstb_sidecar_remote_wri
 class Prometheus:
     """Debian's prometheus as a remote-write receiver on a fixed port and storage, stoppable and startable."""
 
-    def __init__(self, root: Path, web: list[str] = (), headers: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, web: Sequence[str] = (), headers: dict[str, str] | None = None) -> None:
         self.binary = binary("prometheus")
         self.root = root
         self.port = free_port()

@@ -135,7 +135,7 @@ class RunWriter:
         its events reach the kernel before this run's do, at every flush, so a SIGKILL never leaves
         this run showing a record or a resume whose derived points were lost. A restart judges the
         records it reads again by this run alone (those it shows are not derived again)."""
-        if all(w is not other for w in self._derived):
+        if other not in self._derived:  # asked at every twin written: a list of one, by identity
             self._derived.append(other)
 
     def _flush_derived(self) -> None:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from parsers.records import Record
-from sidecar.output.sink import SinkState
+from sidecar.output.sink import Position, SinkState
 
 
 class RecordingSink:
@@ -36,7 +36,8 @@ class RecordingSink:
             self.metas, self.again = dict(state["metas"]), int(state["again"])  # type: ignore[call-overload]
             self.restored = list(state["restored"]) + self.restored  # type: ignore[call-overload]
 
-    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False,
+              at: Position | None = None) -> None:
         tags = self.points.setdefault(run, {})
         for tag, value in [*record.scalars.items(), *record.texts.items()]:
             steps = tags.setdefault(tag, {})
@@ -47,7 +48,8 @@ class RecordingSink:
             steps[record.step] = value
             self.again += again
 
-    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
+    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None, again: bool = False,
+               at: Position | None = None) -> None:
         self.resumes.append([run, step])
         for steps in self.points.get(run, {}).values():
             for old in [s for s in steps if s >= step]:

@@ -26,7 +26,9 @@ from live_helpers import RankLog, Sidecar, paced, wait_until
 from mlflow_server import MLflowServer
 from outputs import read_out, same_value
 from parsers.records import Record
+from sidecar.output.event_scan import RunView
 from sidecar.output.mlflow_sink import MLflowSink
+from sidecar.output.tensorboard import TensorBoardSink
 
 pytest.importorskip("mlflow")
 
@@ -136,6 +138,53 @@ def test_server_down_then_up_and_restart(server: MLflowServer, tmp_path: Path) -
     assert after == [(s, -s) for s in range(2590, 2596)]
     assert history(server, run.info.run_id, "mstb/resumed-at") == [(2590, 2590)]
     assert len(server.client().get_metric_history(run.info.run_id, "lr")) == 2500
+
+
+@pytest.mark.parametrize("viewed", [True, False], ids=["from-the-checkpoint", "a-run-without-a-view"])
+def test_a_resume_spooled_after_the_checkpoint_is_handed_again_once(server: MLflowServer, tmp_path: Path,
+                                                                   viewed: bool) -> None:
+    """A run written past the checkpoint through a resume, spooled, then killed before the checkpoint
+    was saved: the restart hands the run's events past the checkpoint (or all of them, for a run the
+    checkpoint has no view of, as a rank's ``vs samples`` twins) again, the superseded segment's
+    first, whose steps lie past the new segment's. Nothing of it is spooled twice, and the points
+    written after the restart, at steps the old segment had, are all sent."""
+    experiment = f"rehand-{viewed}"
+
+    def at(step: int, segment: int) -> Record:
+        return Record(step, 1_800_000_000.0 + segment * 1000 + step, {"loss": segment * 100.0 + step})
+
+    sink = MLflowSink(server.uri, tmp_path, "n", experiment, 30)
+    sink.restore(None)
+    tensorboard = TensorBoardSink(tmp_path, None, [sink])
+    writer = tensorboard.writer("rank_0", 0)
+    for step in range(1, 21):
+        writer.write(at(step, 1))
+    tensorboard.sync()
+    view = writer.sync()
+    checkpoint = RunView(dict(view.watermarks), view.file, view.size), sink.sync()
+    for step in range(21, 31):
+        writer.write(at(step, 1))
+    writer.resume(10, 1_800_002_010.0, "training resumed at step 10")
+    for step in range(10, 16):
+        writer.write(at(step, 2))
+    tensorboard.sync()
+    sink.sync()  # spooled; then killed before the checkpoint was saved
+    sink.close()
+
+    sink = MLflowSink(server.uri, tmp_path, "n", experiment, 30)
+    sink.restore(checkpoint[1])
+    tensorboard = TensorBoardSink(tmp_path, None, [sink])
+    writer = tensorboard.writer("rank_0", 0, checkpoint[0] if viewed else None)
+    for step in range(16, 26):
+        writer.write(at(step, 2))
+    tensorboard.sync()
+    sink.sync()
+    sink.close()
+
+    run = runs_of(server, experiment)["rank_0"]
+    assert history(server, run.info.run_id, "loss") == sorted(
+        [(s, 100.0 + s) for s in range(1, 31)] + [(s, 200.0 + s) for s in range(10, 26)])
+    assert history(server, run.info.run_id, "mstb/resumed-at") == [(10, 10)]
 
 
 def test_spooled_but_unconfirmed_is_reconciled(server: MLflowServer, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 
@@ -32,6 +33,16 @@ from sidecar.output.tfrecord import CorruptRecord, iter_records
 
 TEXT_PLUGIN = "text"
 LEGACY_TEXT_SUFFIX = "/text_summary"  # earlier versions wrote text tags through tensorboardX's text()
+
+
+class Position(NamedTuple):
+    """Where a run holds an event: its event file and the offset just past it. Positions of one
+    run sort in TensorBoard's reading order (a new event file's name sorts after every other,
+    :func:`sidecar.output.event_file.next_file_name`), so an output that keeps the last one it took
+    knows which events handed to it again it has."""
+
+    file: str
+    offset: int
 
 
 @dataclass
@@ -101,9 +112,10 @@ def _events(run_dir: Path, start_name: str = "", start_offset: int = 0,
 
 
 def scan_run(run_dir: Path, since: RunView | None = None,
-             each: Callable[[event_pb2.Event, RunView], None] | None = None) -> RunView:
+             each: Callable[[event_pb2.Event, RunView, Position], None] | None = None) -> RunView:
     """Fold every event after ``since`` (or all of them) into a :class:`RunView`; ``each`` is
-    shown every such event first, with the view before it (what the run showed until then)."""
+    shown every such event first, with the view before it (what the run showed until then) and
+    its position."""
     files = event_files(run_dir)
     view = RunView(_current_names(since.watermarks), since.file, since.size) if since else RunView()
     names = [f.name for f in files]
@@ -114,7 +126,7 @@ def scan_run(run_dir: Path, since: RunView | None = None,
             view.file, view.size = path.name, offset
         else:
             if each is not None:
-                each(event, view)
+                each(event, view, Position(path.name, offset))
             view.apply(event)
     return view
 

@@ -57,10 +57,10 @@ def key_for(name: str) -> str:
 
 
 def by_run(ops: list[list]) -> list[list]:
-    """A segment's operations grouped by run, each run's in their order: runs interleave step by
-    step, and a batch holds one run's."""
+    """A segment's operations for the server grouped by run, each run's in their order: runs
+    interleave step by step, and a batch holds one run's. (``"a"``, a position, is the spool's.)"""
     first: dict[str, int] = {}
-    return sorted(ops, key=lambda op: first.setdefault(op[1], len(first)))
+    return sorted((op for op in ops if op[0] != "a"), key=lambda op: first.setdefault(op[1], len(first)))
 
 
 class Sender:

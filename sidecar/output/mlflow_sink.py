@@ -16,10 +16,14 @@ settings are known, ``config_hash``. What maps to what (docs/mlflow.md):
 Exactly once: everything is spooled (:mod:`sidecar.output.mlflow_spool`) as operations, one JSON
 array a line: ``["n", run, rank]`` a run written to, ``["m", run, key, value, step, ts_ms]``,
 ``["t", run, tag, text, step]``, ``["s", run, status, ts_ms]``, ``["r", run, step, ts_ms]``,
-``["p", run, settings]``; :meth:`MLflowSink.sync` seals them durably, and only sealed segments
-are sent. A point at or under its key's mark (the highest step spooled since the run's last
-resume) is not spooled again, whether the hub says ``again`` or not: that is the sink's durable
-state, which a restart reads back before anything is written. Never blocking: the engine's
+``["p", run, settings]``, and ``["a", run, file, offset]`` after what one event of the run gave
+(where the run holds it); :meth:`MLflowSink.sync` seals them durably, and only sealed segments
+are sent. The sink's durable state, which a restart reads back before anything is written, is
+in the marks: a point or resume handed ``again`` at or before the run's last position taken is
+not spooled again; nor is a point at or under its key's mark (the highest step spooled since the
+run's last resume). Positions are needed because a run handed again from its start (one the
+checkpoint has no view of: a rank's ``vs samples`` twins, the aggregate) repeats its superseded
+segments, whose steps may lie past the newest segment's marks. Never blocking: the engine's
 thread only appends to the spool; the sending thread (:class:`~sidecar.output.mlflow_sender.Sender`)
 does the network. Past :data:`QUEUE_LIMIT` unsent points new ones are dropped and counted.
 """
@@ -38,7 +42,7 @@ from sidecar.output.mlflow_sender import STATUS, Sender
 from sidecar.output.mlflow_spool import Spool, digest, spool_dir
 from sidecar.output.run_meta import RUN_JSON
 from sidecar.output.run_writer import CUSTOM_SCALARS_TAG
-from sidecar.output.sink import SinkState
+from sidecar.output.sink import Position, SinkState
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,12 @@ def _run_json(run_dir: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return content if isinstance(content, dict) else {}
+
+
+def _taken(marks: dict, at: Position | None) -> bool:
+    """Is what the run holds at ``at`` spooled already (the run was taken up to there or past)?"""
+    taken = marks.get("at")
+    return at is not None and taken is not None and Position(*taken) >= at
 
 
 def _ms(wall_time: float | None) -> int:
@@ -103,11 +113,14 @@ class MLflowSink:
             self.spool.add(["n", run, rank])
         return self.spool.mark(run)
 
-    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False,
+              at: Position | None = None) -> None:
         texts = {key: text for key, text in record.texts.items() if key != CUSTOM_SCALARS_TAG}  # TensorBoard's own
         if not record.scalars and not texts:
             return
         marks = self._run(run, rank)
+        if again and _taken(marks, at):
+            return
         keys, step, ts = marks["keys"], record.step, _ms(record.wall_time)
         for key, value in record.scalars.items():
             if step > keys.get(key, -1) and self._room():
@@ -122,6 +135,11 @@ class MLflowSink:
                 self._follow_ranks(ts)
         if rank is None and self._ranks_status is not None:
             self._status(run, self._ranks_status, ts)
+        self._taking(run, at)
+
+    def _taking(self, run: str, at: Position | None) -> None:
+        if at is not None:
+            self.spool.add(["a", run, at.file, at.offset])
 
     def _room(self) -> bool:
         if self.spool.room() > 0:
@@ -149,11 +167,15 @@ class MLflowSink:
             if rank is None and self._ranks_status is not None:
                 self._status(run, self._ranks_status, ts)
 
-    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
+    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None, again: bool = False,
+               at: Position | None = None) -> None:
         marks = self._run(run, rank)
+        if again and _taken(marks, at):
+            return
         ts = _ms(wall_time)
         if marks.get("resume") != [step, ts]:  # a resume spooled before a restart is not one again
             self.spool.add(["r", run, step, ts])
+        self._taking(run, at)
 
     def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:
         """The settings, with the configuration hash ``run.json`` states beside them (written first)."""

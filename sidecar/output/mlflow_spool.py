@@ -8,7 +8,8 @@ One directory per ``--instance``: ``<out>/.mstb-sidecar/mlflow-<instance>/``. Co
   their lines is saved. A ``.part`` found at start was never sealed: the checkpoint's offsets did
   not pass its lines, so they come again, and it is deleted.
 - ``marks.json``: what the sealed segments hold (per run: each key's highest step since the run's
-  last resume, the settings and lifecycle last spooled) and the last segment they include. A
+  last resume, the settings and lifecycle last spooled, the position in the run last taken) and
+  the last segment they include. A
   kill between a seal and this write is mended at start by reading the later segments again.
   The marks are the sink's durable state: a point at or under its mark is never spooled again.
 - ``sent.json``: written by the sender thread alone: the last segment the server took whole
@@ -74,7 +75,7 @@ class Spool:
         self.lock = threading.Lock()
         self.sealed: dict[int, int] = {}  # segment -> points in it, not confirmed yet
         self.unsure: set[int] = set()  # sealed before this start and not confirmed: maybe sent in part
-        self.marks: dict[str, dict] = {}  # run -> {"keys": {key: step}, "settings": str, "status": str, "resume": [..]}
+        self.marks: dict[str, dict] = {}  # run -> {"keys": {key: step}, "settings", "status", "resume", "at"}
         self.sent: dict = {}
         self._next = 1
         self.upto = 0  # the last segment sealed
@@ -133,6 +134,8 @@ class Spool:
             marks["settings"] = digest(op[2])
         elif kind == "s":
             marks["status"] = op[2]
+        elif kind == "a":
+            marks["at"] = [op[2], op[3]]
 
     def room(self) -> int:
         """Points that may still be spooled before the bound."""

@@ -13,7 +13,8 @@ written before a crash but after the last offset checkpoint are not written a se
 What it writes goes on to the other outputs through its :class:`Tap` (none: nothing is handed
 on, and the hot path pays one attribute check): every value as written (after de-duplication),
 each resume, and, when the writer opens the run, the events the run already holds past the
-checkpoint's view (:meth:`Tap.shown`; see :mod:`sidecar.output.tensorboard`).
+checkpoint's view (:meth:`Tap.shown`; see :mod:`sidecar.output.tensorboard`); each with its
+:class:`~sidecar.output.event_scan.Position` in the run.
 
 Deleted output: :meth:`RunWriter.sync`, the barrier before every checkpoint, checks that what
 this writer wrote is still in the run directory and raises :class:`OutputLost` if not, so a
@@ -40,7 +41,8 @@ from parsers.identity import Identity
 from parsers.records import Record
 from sidecar.output import scalar_event
 from sidecar.output.event_file import EventFileWriter, OutputLost, vanished
-from sidecar.output.event_scan import TEXT_PLUGIN, RunView, TextIdentity, run_holds, run_texts, scan_run, written_tag
+from sidecar.output.event_scan import (TEXT_PLUGIN, Position, RunView, TextIdentity, run_holds, run_texts, scan_run,
+                                       written_tag)
 
 RESUME_TAG = "events/resume"
 
@@ -48,11 +50,11 @@ RESUME_TAG = "events/resume"
 class Tap(Protocol):
     """Where a run's points go besides its event files."""
 
-    def wrote(self, record: Record) -> None: ...  # what was written of a record (only that)
+    def wrote(self, record: Record, at: Position) -> None: ...  # what was written of a record (only that)
 
-    def resumed(self, step: int, wall_time: float | None) -> None: ...  # before the new segment's first point
+    def resumed(self, step: int, wall_time: float | None, at: Position) -> None: ...  # before the segment's first point
 
-    def shown(self, event: event_pb2.Event, view: RunView) -> None: ...  # an event found past the checkpoint
+    def shown(self, event: event_pb2.Event, view: RunView, at: Position) -> None: ...  # found past the checkpoint
 
 
 class RunWriter:
@@ -81,7 +83,7 @@ class RunWriter:
         if record.texts:
             values = self._put(record.step, wall_time, _values(record))
             if values and self.tap is not None:
-                self.tap.wrote(as_record(record.step, wall_time, values, record.training_step))
+                self.tap.wrote(as_record(record.step, wall_time, values, record.training_step), self._at())
             return len(values)
         step, marks = record.step, self.view.watermarks
         if step > self._top:  # past every tag: all of it is new
@@ -93,15 +95,20 @@ class RunWriter:
             self._mark(fresh, step)
             if self.tap is not None:
                 self.tap.wrote(record if fresh is record.scalars and record.wall_time is not None
-                               else replace(record, wall_time=wall_time, scalars=fresh))
+                               else replace(record, wall_time=wall_time, scalars=fresh), self._at())
         return len(fresh)
 
     def write_values(self, step: int, wall_time: float, values: list[summary_pb2.Summary.Value]) -> int:
         """Write the values whose tag has not reached ``step`` yet, as one event."""
         fresh = self._put(step, wall_time, values)
         if fresh and self.tap is not None:
-            self.tap.wrote(as_record(step, wall_time, fresh))
+            self.tap.wrote(as_record(step, wall_time, fresh), self._at())
         return len(fresh)
+
+    def _at(self) -> Position:
+        """Where the event just written is (the open file, past its buffered records)."""
+        assert self._file is not None
+        return Position(self._file.path.name, self._file.pending_size)
 
     def _put(self, step: int, wall_time: float, values: list[summary_pb2.Summary.Value]) -> list[summary_pb2.Summary.Value]:
         """Write the values whose tag has not reached ``step`` yet, as one event; return them."""
@@ -159,11 +166,12 @@ class RunWriter:
     def resume(self, step: int, wall_time: float | None, note: str) -> None:
         """Training went back to ``step``: start a new segment that supersedes steps >= step."""
         self.close()
-        if self.tap is not None:
-            self.tap.resumed(step, wall_time)
         self._start_step = step
         self.view.watermarks = {tag: min(s, step - 1) for tag, s in self.view.watermarks.items()}
         self._top = self.max_step
+        self._ensure_file(wall_time if wall_time is not None else time.time())  # its START: where the resume is
+        if self.tap is not None:
+            self.tap.resumed(step, wall_time, self._at())
         self.write(Record(step, wall_time, texts={RESUME_TAG: note}))
 
     def flush(self) -> None:

@@ -15,6 +15,11 @@ Contract (what the hub promises, what a sink must keep):
   durable state, however often the hub is killed and restarted.
 - :meth:`Sink.resume` says training went back to ``step``: later points of the run replace the
   old ones from that step on (a sink that cannot replace says how it shows them, in its docs).
+  ``again`` as for ``write``.
+- ``at`` (:class:`~sidecar.output.event_scan.Position`) is where the run's event files hold the
+  record or the resume's ``SessionLog.START``; handed again, it is how a sink tells what it took
+  before: a run handed again from its start repeats old segments, whose steps a mark of the
+  newest segment's steps cannot judge. ``None`` from a caller that has no run (tests).
 - :meth:`Sink.meta` gives a run's settings when they change (what ``run.json`` holds).
 - :meth:`Sink.sync` is the durability barrier of a checkpoint: what was handed over must be
   durable (written, uploaded or spooled to local disk) before it returns, and what it returns is
@@ -31,6 +36,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from parsers.records import Record
+from sidecar.output.event_scan import Position
 
 SinkState = dict[str, object]  # JSON-able: a sink's part of the checkpoint
 
@@ -40,9 +46,11 @@ class Sink(Protocol):
 
     def restore(self, state: SinkState | None) -> None: ...
 
-    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None: ...
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False,
+              at: Position | None = None) -> None: ...
 
-    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None: ...
+    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None, again: bool = False,
+               at: Position | None = None) -> None: ...
 
     def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None: ...
 
@@ -65,10 +73,12 @@ class PassiveSink:
     def restore(self, state: SinkState | None) -> None:
         return None
 
-    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False,
+              at: Position | None = None) -> None:
         return None
 
-    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
+    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None, again: bool = False,
+               at: Position | None = None) -> None:
         return None
 
     def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:

@@ -11,10 +11,12 @@ Contract, besides :class:`~sidecar.output.sink.Sink`'s:
 
 - every value a writer writes goes to each other sink's ``write`` (``again=False``) right after
   it is in the event file's buffer; each resume to ``resume`` before the new segment's first point;
+  each with its position in the run (``at``), which only grows for fresh ones;
 - when a writer opens a run whose event files hold events past the checkpoint's view of it (or
   any, without a view: no checkpoint, or a run it does not describe), those are handed on at
-  that moment as ``again=True``, resumes among them as ``resume``: what a sink killed with the
-  engine may not have made durable. A sink keeps what its own durable state lacks;
+  that moment as ``again=True``, resumes among them as ``resume(again=True)``, in the run's order
+  with their positions: what a sink killed with the engine may not have made durable. A sink
+  keeps what its own durable state lacks: those past the position of the last it took;
 - :meth:`meta` hands a run's settings on; this sink has them already (``run.json`` and the
   config card, :mod:`sidecar.output.run_meta`, written through its writers);
 - values are handed as read (Python floats), those handed again as the event files hold them
@@ -32,7 +34,7 @@ from pathlib import Path
 from tensorboard.compat.proto import event_pb2
 
 from parsers.records import Record
-from sidecar.output.event_scan import RunView
+from sidecar.output.event_scan import Position, RunView
 from sidecar.output.run_writer import RunWriter, as_record
 from sidecar.output.sink import Sink, SinkState
 
@@ -43,24 +45,24 @@ class _Fan:
     def __init__(self, run: str, rank: int | None, sinks: list[Sink]) -> None:
         self.run, self.rank, self.sinks = run, rank, sinks
 
-    def wrote(self, record: Record, again: bool = False) -> None:
+    def wrote(self, record: Record, at: Position, again: bool = False) -> None:
         for sink in self.sinks:
-            sink.write(self.run, self.rank, record, again)
+            sink.write(self.run, self.rank, record, again, at)
 
-    def resumed(self, step: int, wall_time: float | None) -> None:
+    def resumed(self, step: int, wall_time: float | None, at: Position, again: bool = False) -> None:
         for sink in self.sinks:
-            sink.resume(self.run, self.rank, step, wall_time)
+            sink.resume(self.run, self.rank, step, wall_time, again, at)
 
-    def shown(self, event: event_pb2.Event, view: RunView) -> None:
+    def shown(self, event: event_pb2.Event, view: RunView, at: Position) -> None:
         """An event the run holds past the checkpoint (``view``: what the run showed before it)."""
         if event.HasField("session_log"):
             if event.session_log.status == event_pb2.SessionLog.START and \
                     event.step <= max(view.watermarks.values(), default=-1):  # a resume: it purges
-                self.resumed(event.step, event.wall_time)
+                self.resumed(event.step, event.wall_time, at, again=True)
         elif event.HasField("summary"):
             record = as_record(event.step, event.wall_time, list(event.summary.value))
             if record.scalars or record.texts:
-                self.wrote(record, again=True)
+                self.wrote(record, at, again=True)
 
 
 class TensorBoardSink:
@@ -86,12 +88,14 @@ class TensorBoardSink:
     def restore(self, state: SinkState | None) -> None:
         """Nothing: what the runs hold is the checkpoint's ``runs`` and the event files themselves."""
 
-    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False, at: Position | None = None) -> None:
         if not again:  # a point read again is one the run shows
             self.writer(run, rank).write(record)
 
-    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None) -> None:
-        self.writer(run, rank).resume(step, wall_time, f"training resumed at step {step}")
+    def resume(self, run: str, rank: int | None, step: int, wall_time: float | None, again: bool = False,
+               at: Position | None = None) -> None:
+        if not again:
+            self.writer(run, rank).resume(step, wall_time, f"training resumed at step {step}")
 
     def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:
         for sink in self.others:

@@ -45,7 +45,7 @@ from parsers.records import Record
 from sidecar import __version__
 from sidecar.analysis.accounting import Reason
 from sidecar.engine import Engine, Progress
-from sidecar.output.sink import PassiveSink
+from sidecar.output.sink import PassiveSink, Position
 from sidecar.service.notify import Notifier
 from sidecar.service.status import TENSORBOARD
 
@@ -76,7 +76,8 @@ class TrainingGauges(PassiveSink):
     def __init__(self) -> None:
         self.latest: dict[int, dict[str, float]] = {}  # rank -> tag -> value
 
-    def write(self, run: str, rank: int | None, record: Record, again: bool = False) -> None:
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False,
+              at: Position | None = None) -> None:
         if rank is not None and record.training_step and not again:
             self.latest[rank] = {tag: value for tag, value in record.scalars.items() if tag in TRAINING_GAUGES}
 

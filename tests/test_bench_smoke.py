@@ -35,3 +35,13 @@ def test_run_all_smoke_prints_every_figure(tmp_path: Path) -> None:
     every_burst = next(row for row in table if row[0] == "live CPU ms / 1,000 lines")[burst]
     assert float(every_burst) > 0  # the current tree reading every burst as it comes (--min-read-interval 0)
     assert not list(tmp_path.iterdir()), "the benchmark left its temp files behind"
+
+
+def test_checkpoint_bench_measures_both_contenders() -> None:
+    """bench_checkpoint.py builds the detectors' checkpoint part both ways and prints a figure for each."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_checkpoint.py"), "--ranks", "8", "--reps", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = dict(re.findall(r"^\s+(product|baseline)\s+([\d.]+) ms", done.stdout, re.M))
+    assert set(figures) == {"product", "baseline"}, done.stdout
+    assert re.search(r"baseline / product: [\d.]+x the time, [\d.]+x the bytes", done.stdout), done.stdout

@@ -293,20 +293,15 @@ def test_a_restart_judges_as_an_uninterrupted_run(kill_at: int) -> None:
     assert names([a for a in first_paged if a.step > checkpoint]) == names([a for a in written if a.step <= kill_at])
 
 
-def test_the_baselines_of_a_thousand_ranks_are_small_and_quick_to_keep() -> None:
+def test_the_baselines_of_a_thousand_ranks_are_small_to_keep() -> None:
     """Every detector of 1,024 ranks with full windows: the checkpoint's part stays small
-    (float32 windows, base64) and is built and serialised in well under a second."""
-    import time
-
+    (float32 windows, base64). How long it takes is measured by bench/bench_checkpoint.py."""
     alerts, _ = watch()
     for rank in range(1024):
         for n in range(1, 121):
             alerts.observe(rank, step(n, loss=2.0 + 0.001 * n, grad_norm=1.0 + 0.001 * n), 0.0)
-    started = time.perf_counter()
     text = "[" + ",".join(alerts.snapshot(rank).model_dump_json() for rank in range(1024)) + "]"
-    took = time.perf_counter() - started
     assert len(text) < 2_000 * 1024, len(text)
-    assert took < 0.5, took
     restored, _ = watch()
     restored.restore(7, WatchState.model_validate_json(alerts.snapshot(7).model_dump_json()), 0.0)
     assert list(restored.ranks[7].checks[0][2].values) == list(alerts.ranks[7].checks[0][2].values)

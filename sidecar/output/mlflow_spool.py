@@ -9,8 +9,8 @@ One directory per ``--instance``: ``<out>/.mstb-sidecar/mlflow-<instance>/``. Co
   not pass its lines, so they come again, and it is deleted.
 - ``marks.json``: what the sealed segments hold (per run: each key's highest step since the run's
   last resume, the settings and lifecycle last spooled, the position in the run last taken) and
-  the last segment they include. A
-  kill between a seal and this write is mended at start by reading the later segments again.
+  the last segment they include. A kill between a seal and this write is mended at start by
+  reading the later segments again.
   The marks are the sink's durable state: a point at or under its mark is never spooled again.
 - ``sent.json``: written by the sender thread alone: the last segment the server took whole
   (the oldest segments are sent together, up to :data:`BUNDLE` points, and confirmed together),

@@ -170,11 +170,10 @@ class MLflowSink:
     def resume(self, run: str, rank: int | None, step: int, wall_time: float | None, again: bool = False,
                at: Position | None = None) -> None:
         marks = self._run(run, rank)
-        if again and _taken(marks, at):
-            return
         ts = _ms(wall_time)
-        if marks.get("resume") != [step, ts]:  # a resume spooled before a restart is not one again
-            self.spool.add(["r", run, step, ts])
+        if again and (_taken(marks, at) if at is not None else marks.get("resume") == [step, ts]):
+            return  # spooled before the restart (without a position: judged by step and time)
+        self.spool.add(["r", run, step, ts])  # a new one, even at the step and time of the last
         self._taking(run, at)
 
     def meta(self, run: str, rank: int | None, settings: Mapping[str, object]) -> None:

@@ -10,8 +10,8 @@ oracle, with one output more, whose own oracle runs at every ``check``, ``replay
   every run with points is an MLflow run of its name; each metric's history holds every point the
   rank's log gave, in every segment (a resume cannot delete a superseded point: both show, each
   once; MLflow stores a point identical in step, timestamp and value once), and nothing else: as
-  a multiset of (step, float32 value), a point sent twice after a
-  kill is one too many; ``mstb/resumed-at`` = S at step S once per resume (x GBS in the twin
+  a multiset of (step, float32 value), a point sent twice after a kill is one too many;
+  ``mstb/resumed-at`` = S at step S once per resume (x GBS in the twin
   run); every run (the aggregate too) holds exactly the scalar records its event files ever held,
   the purged ones included; the params are ``run.json``'s settings, ``config_hash`` its hash. At a
   live ``check`` the oracle waits until the status line counts nothing queued for MLflow and the

@@ -16,9 +16,9 @@ settings are known, ``config_hash``. What maps to what (docs/mlflow.md):
 Exactly once: everything is spooled (:mod:`sidecar.output.mlflow_spool`) as operations, one JSON
 array a line: ``["n", run, rank]`` a run written to, ``["m", run, key, value, step, ts_ms]``,
 ``["t", run, tag, text, step]``, ``["s", run, status, ts_ms]``, ``["r", run, step, ts_ms]``,
-``["p", run, settings]``, and ``["a", run, file, offset]`` after what one event of the run gave
-(where the run holds it); :meth:`MLflowSink.sync` seals them durably, and only sealed segments
-are sent. The sink's durable state, which a restart reads back before anything is written, is
+``["p", run, settings]``, and at each seal ``["a", run, file, offset]``: where the run holds the
+last event taken from it since the last seal. :meth:`MLflowSink.sync` seals them durably, and
+only sealed segments are sent. The sink's durable state, which a restart reads back before anything is written, is
 in the marks: a point or resume handed ``again`` at or before the run's last position taken is
 not spooled again; nor is a point at or under its key's mark (the highest step spooled since the
 run's last resume). Positions are needed because a run handed again from its start (one the
@@ -82,6 +82,7 @@ class MLflowSink:
         self._ranks: dict[str, int | None] = {}  # runs written to by this process
         self._open = False
         self._full_logged = False
+        self._moved: set[str] = set()  # runs taken further since the last seal (_taking)
         self._ranks_status: str | None = None  # what the runs that are not one rank's follow (_follow_ranks)
 
     def restore(self, state: SinkState | None) -> None:
@@ -138,8 +139,10 @@ class MLflowSink:
         self._taking(run, at)
 
     def _taking(self, run: str, at: Position | None) -> None:
+        """The run is taken up to ``at``: marked now, spooled (``a``) once per seal, after what it covers."""
         if at is not None:
-            self.spool.add(["a", run, at.file, at.offset])
+            self.spool.mark(run)["at"] = [at.file, at.offset]
+            self._moved.add(run)
 
     def _room(self) -> bool:
         if self.spool.room() > 0:
@@ -191,6 +194,9 @@ class MLflowSink:
         """Seal what was handed over (durable before this returns) and let the sender have it."""
         if not self._open:
             return None
+        for run in self._moved:
+            self.spool.add(["a", run, *self.spool.mark(run)["at"]])
+        self._moved.clear()
         if self.spool.seal() is not None:
             self.sender.wake()
         return {"segment": self.spool.upto, "experiment": self.sender.experiment_id,
@@ -218,3 +224,4 @@ class MLflowSink:
         self._open = False  # a later start (a new engine after --out was deleted) opens it again
         self.sender = Sender(self.uri, self.sender.experiment, self.sender.instance, self.spool, self.counts)
         self._ranks.clear()
+        self._moved.clear()

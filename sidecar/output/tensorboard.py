@@ -88,7 +88,8 @@ class TensorBoardSink:
     def restore(self, state: SinkState | None) -> None:
         """Nothing: what the runs hold is the checkpoint's ``runs`` and the event files themselves."""
 
-    def write(self, run: str, rank: int | None, record: Record, again: bool = False, at: Position | None = None) -> None:
+    def write(self, run: str, rank: int | None, record: Record, again: bool = False,
+              at: Position | None = None) -> None:
         if not again:  # a point read again is one the run shows
             self.writer(run, rank).write(record)
 

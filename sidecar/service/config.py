@@ -311,7 +311,8 @@ def _describe(err: dict, written: dict[str, str], config_file: Path | None, raw:
             node = node.get(key) if isinstance(node, dict) else None
             model = fields[part].annotation if part in fields else None
         return f"{config_file}: '{'.'.join(path)}': {msg}"
-    option = {"paths": paths_option, "out": "--out DIR", "remote_write_headers": "--remote-write-header"}.get(field, "--" + field.replace("_", "-"))
+    named = {"paths": paths_option, "out": "--out DIR", "remote_write_headers": "--remote-write-header"}
+    option = named.get(field, "--" + field.replace("_", "-"))
     return f"{option}: {msg}"
 
 
